@@ -1,0 +1,85 @@
+"""FederationSpec: everything that defines a federation, validated on construction."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+PROMPT_TENSOR = "prompt_embeddings"
+
+
+class AggregationSpec(BaseModel):
+    """A named aggregation rule and its parameters."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field("fedavg", description="Registered aggregation rule, e.g. 'fedavg'.")
+    params: dict[str, float | int | str] = Field(default_factory=dict)
+
+
+class FederationSpec(BaseModel):
+    """A federation: model, prompt, task template, round schedule and local training config."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    name: str = Field("federation", min_length=1, max_length=200)
+    model: str = Field(DEFAULT_MODEL, min_length=1, description="Hub id or local path of the frozen PLM.")
+    model_fingerprint: str | None = Field(None, description="Workers with another model refuse to join.")
+    method: Literal["prompt_tuning"] = "prompt_tuning"
+    num_virtual_tokens: int = Field(20, ge=1, le=1024)
+    hidden_size: int = Field(384, ge=1, le=65536, description="Hidden size of the PLM (MiniLM: 384).")
+    init_std: float = Field(0.5, gt=0, le=100, description="Std of the seeded random initial prompt.")
+    template: str = Field("{text} It was [MASK].", min_length=1)
+    verbalizer: list[list[str]] = Field(default_factory=lambda: [["terrible"], ["great"]], min_length=2)
+    labels: list[str] | None = None
+    max_length: int = Field(128, ge=8, le=4096)
+    rounds: int = Field(10, ge=1, le=100000, description="T: number of federated rounds.")
+    fraction: float = Field(1.0, description="C: fraction of clients selected per round, in (0, 1].")
+    min_clients: int = Field(2, ge=1, description="Wait for this many clients; select at least this many.")
+    quorum: int = Field(1, ge=1, description="Updates needed to aggregate at the deadline.")
+    round_deadline_s: float = Field(600.0, gt=0, le=7 * 86400)
+    availability_timeout_s: float = Field(600.0, gt=0, description="Clients unseen this long are not selected.")
+    local_steps: int = Field(100, ge=1, le=1_000_000)
+    batch_size: int = Field(16, ge=1, le=4096)
+    lr: float = Field(0.3, gt=0, le=100)
+    grad_clip: float = Field(1.0, ge=0)
+    aggregation: AggregationSpec = Field(default_factory=AggregationSpec)
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    auto_advance: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> FederationSpec:
+        if not (0.0 < self.fraction <= 1.0) or math.isnan(self.fraction):
+            raise ValueError(f"fraction C must be in (0, 1]; got {self.fraction}")
+        if self.quorum > self.min_clients:
+            raise ValueError(
+                f"quorum ({self.quorum}) cannot exceed min_clients ({self.min_clients}): "
+                "a round could never reach it"
+            )
+        if any(not words or any(not w.strip() for w in words) for words in self.verbalizer):
+            raise ValueError("every label needs at least one non-empty label word in the verbalizer")
+        if self.labels is not None and len(self.labels) != len(self.verbalizer):
+            raise ValueError(f"labels has {len(self.labels)} names but the verbalizer {len(self.verbalizer)} labels")
+        if "[MASK]" not in self.template:
+            raise ValueError("template needs a [MASK] slot where the label word is read")
+        return self
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Names and shapes of the communicated tensors."""
+        return {PROMPT_TENSOR: (self.num_virtual_tokens, self.hidden_size)}
+
+    def num_selected(self, available: int) -> int:
+        """How many clients a round selects: max(ceil(C*K), min_clients), at most K."""
+        return min(available, max(math.ceil(self.fraction * available - 1e-9), self.min_clients))
+
+
+def initial_prompt(spec: FederationSpec) -> dict[str, np.ndarray]:
+    """Version 0 of the global prompt: seeded Gaussian, identical on every machine."""
+    rng = np.random.default_rng([spec.seed, 0xF0])
+    return {
+        name: (rng.standard_normal(shape) * spec.init_std).astype(np.float32)
+        for name, shape in spec.tensor_shapes().items()
+    }
