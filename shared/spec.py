@@ -41,7 +41,9 @@ class FederationSpec(BaseModel):
     min_clients: int = Field(2, ge=1, description="Wait for this many clients; select at least this many.")
     quorum: int = Field(1, ge=1, description="Updates needed to aggregate at the deadline.")
     round_deadline_s: float = Field(600.0, gt=0, le=7 * 86400)
-    availability_timeout_s: float = Field(600.0, gt=0, description="Clients unseen this long are not selected.")
+    availability_timeout_s: float = Field(
+        600.0, gt=0, description="Clients unseen this long are not selected."
+    )
     local_steps: int = Field(100, ge=1, le=1_000_000)
     batch_size: int = Field(16, ge=1, le=4096)
     lr: float = Field(0.3, gt=0, le=100)
@@ -62,7 +64,9 @@ class FederationSpec(BaseModel):
         if any(not words or any(not w.strip() for w in words) for words in self.verbalizer):
             raise ValueError("every label needs at least one non-empty label word in the verbalizer")
         if self.labels is not None and len(self.labels) != len(self.verbalizer):
-            raise ValueError(f"labels has {len(self.labels)} names but the verbalizer {len(self.verbalizer)} labels")
+            raise ValueError(
+                f"labels has {len(self.labels)} names but the verbalizer {len(self.verbalizer)} labels"
+            )
         if "[MASK]" not in self.template:
             raise ValueError("template needs a [MASK] slot where the label word is read")
         return self

@@ -78,13 +78,17 @@ def validate(tensors: Mapping[str, np.ndarray], expected: Mapping[str, tuple[int
             parts.append(f"missing {missing}")
         if extra:
             parts.append(f"unexpected {extra}")
-        raise WireError(f"tensor names do not match the federation ({'; '.join(parts)}); expected {sorted(expected)}")
+        raise WireError(
+            f"tensor names do not match the federation ({'; '.join(parts)}); expected {sorted(expected)}"
+        )
     for name, shape in expected.items():
         arr = tensors[name]
         if arr.dtype != WIRE_DTYPE:
             raise WireError(f"tensor '{name}' has dtype {arr.dtype}; the federation uses float32")
         if tuple(arr.shape) != tuple(shape):
-            raise WireError(f"tensor '{name}' has shape {list(arr.shape)}; the federation expects {list(shape)}")
+            raise WireError(
+                f"tensor '{name}' has shape {list(arr.shape)}; the federation expects {list(shape)}"
+            )
         if not np.isfinite(arr).all():
             raise WireError(f"tensor '{name}' contains NaN or Inf values")
 

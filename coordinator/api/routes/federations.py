@@ -1,0 +1,81 @@
+"""Federations: create, list, status, pause/resume, prompts, events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Body, Request, Response
+from fastapi.responses import JSONResponse
+
+from coordinator.api.deps import AdminDep, EitherDep, ServiceDep, SettingsDep, read_limited_body
+from coordinator.service import validate_spec
+from shared.spec import FederationSpec
+
+router = APIRouter(prefix="/api/v1/federations", tags=["federations"])
+
+
+@router.post("", status_code=201, dependencies=[AdminDep])
+def create_federation(
+    service: ServiceDep,
+    spec: dict[str, Any] = Body(
+        ..., description="A FederationSpec", examples=[FederationSpec().model_dump()]
+    ),
+) -> dict[str, Any]:
+    """Create a federation from a spec (JSON)."""
+    fed = service.create_federation(validate_spec(spec))
+    return service.federation_status(fed.id)
+
+
+@router.get("", dependencies=[AdminDep])
+def list_federations(service: ServiceDep) -> list[dict[str, Any]]:
+    """Every federation with its status."""
+    return service.list_federations()
+
+
+@router.get("/{fid}", dependencies=[AdminDep])
+def federation_status(fid: int, service: ServiceDep) -> dict[str, Any]:
+    """State, current round, clients and latest metrics."""
+    return service.federation_status(fid)
+
+
+@router.post("/{fid}/pause", dependencies=[AdminDep])
+def pause(fid: int, service: ServiceDep) -> dict[str, Any]:
+    """Stop opening rounds automatically (the open round still finishes)."""
+    return service.set_paused(fid, True)
+
+
+@router.post("/{fid}/resume", dependencies=[AdminDep])
+def resume(fid: int, service: ServiceDep) -> dict[str, Any]:
+    """Open rounds automatically again."""
+    return service.set_paused(fid, False)
+
+
+@router.get("/{fid}/events", dependencies=[AdminDep])
+def events(fid: int, service: ServiceDep, after: int = 0, limit: int = 200) -> list[dict[str, Any]]:
+    """The federation's audit trail (round opened/closed/failed, enrolments, revocations)."""
+    return service.events(fid, after=after, limit=min(max(limit, 1), 1000))
+
+
+@router.get(
+    "/{fid}/prompts/{version}",
+    response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {}}, "description": "safetensors bytes"}},
+)
+def get_prompt(fid: int, version: str, service: ServiceDep, who: EitherDep, request: Request) -> Response:
+    """A global prompt version ('latest' or a number) as safetensors; ETag is its sha256."""
+    pv = service.get_prompt(fid, version, client=who)
+    etag = f'"{pv.sha256}"'
+    headers = {"ETag": etag, "X-Prompt-Version": str(pv.version), "X-Prompt-Sha256": pv.sha256}
+    if request.headers.get("if-none-match") == etag:
+        return Response(status_code=304, headers=headers)
+    return Response(pv.blob, media_type="application/octet-stream", headers=headers)
+
+
+@router.put("/{fid}/prompts/0", dependencies=[AdminDep], status_code=200)
+async def set_initial_prompt(
+    fid: int, request: Request, service: ServiceDep, settings: SettingsDep
+) -> JSONResponse:
+    """Replace the initial prompt (version 0) before round 1, e.g. with a vocabulary initialisation."""
+    body = await read_limited_body(request, settings.max_upload_bytes)
+    pv = service.set_initial_prompt(fid, body)
+    return JSONResponse({"version": 0, "sha256": pv.sha256})

@@ -1,0 +1,120 @@
+"""Rounds: open/close/history for the operator; task, update and evaluation for workers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fastapi import APIRouter, BackgroundTasks, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from coordinator.api.deps import AdminDep, ClientDep, ServiceDep, SettingsDep, read_limited_body
+
+router = APIRouter(prefix="/api/v1/federations/{fid}", tags=["rounds"])
+
+
+@router.post("/rounds", status_code=201, dependencies=[AdminDep])
+def open_round(fid: int, service: ServiceDep) -> dict[str, Any]:
+    """Open the next round now (selects max(ceil(C*K), min_clients) clients)."""
+    return service.open_round(fid)
+
+
+@router.post("/rounds/{number}/close", dependencies=[AdminDep])
+def close_round(fid: int, number: int, service: ServiceDep) -> dict[str, Any]:
+    """Aggregate the open round now with the updates that arrived (needs the quorum)."""
+    return service.close_round(fid, number)
+
+
+@router.get("/rounds", dependencies=[AdminDep])
+def list_rounds(fid: int, service: ServiceDep) -> list[dict[str, Any]]:
+    """Round history: every attempt with participants, timings, bytes and metrics."""
+    return service.rounds(fid)
+
+
+@router.get("/rounds/{number}", dependencies=[AdminDep])
+def get_round(fid: int, number: int, service: ServiceDep) -> dict[str, Any]:
+    """One round (its latest attempt)."""
+    return service.round_detail(fid, number)
+
+
+@router.get("/task", responses={204: {"description": "nothing to do yet; poll again after Retry-After"}})
+async def task(
+    fid: int,
+    client: ClientDep,
+    service: ServiceDep,
+    settings: SettingsDep,
+    wait: float = Query(0, ge=0, le=300, description="Long-poll for up to this many seconds."),
+) -> Response:
+    """The client's next task (evaluate / train / done), long-polling up to `wait` seconds."""
+    deadline = time.monotonic() + min(wait, settings.long_poll_max_s)
+    while True:
+        found = await run_in_threadpool(service.next_task, fid, client)
+        if found is not None:
+            return JSONResponse(found)
+        if time.monotonic() >= deadline:
+            return Response(status_code=204, headers={"Retry-After": "1"})
+        await asyncio.sleep(settings.long_poll_interval_s)
+
+
+@router.put(
+    "/rounds/{number}/update",
+    responses={
+        200: {"description": "identical re-upload"},
+        201: {"description": "accepted and committed"},
+        403: {"description": "not selected"},
+        409: {"description": "a different update was already accepted"},
+        410: {"description": "round closed"},
+        413: {"description": "too large"},
+        422: {"description": "not a valid prompt for this federation"},
+    },
+    status_code=201,
+)
+async def upload(
+    fid: int,
+    number: int,
+    request: Request,
+    client: ClientDep,
+    service: ServiceDep,
+    settings: SettingsDep,
+    background: BackgroundTasks,
+) -> JSONResponse:
+    """Upload a trained prompt (safetensors body; metadata carries num_samples and metrics)."""
+    body = await read_limited_body(request, settings.max_upload_bytes)
+    result = await run_in_threadpool(service.upload, fid, number, client, body)
+    if result.created:
+        background.add_task(service.after_upload, fid)
+    payload = {
+        "round": result.round,
+        "attempt": result.attempt,
+        "client_id": result.client_id,
+        "sha256": result.sha256,
+        "num_samples": result.num_samples,
+        "size": result.size,
+    }
+    return JSONResponse(payload, status_code=201 if result.created else 200)
+
+
+class EvaluationReport(BaseModel):
+    """A client's metrics of a global prompt version on its local held-out data."""
+
+    model_config = ConfigDict(extra="forbid")
+    version: int | None = Field(
+        None, ge=0, description="Prompt version evaluated; default: the round number."
+    )
+    num_samples: int = Field(..., ge=1)
+    accuracy: float = Field(..., ge=0, le=1)
+    loss: float | None = Field(None, ge=0)
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+@router.post("/rounds/{number}/evaluation", status_code=201)
+def report_evaluation(
+    fid: int, number: int, report: EvaluationReport, client: ClientDep, service: ServiceDep
+) -> JSONResponse:
+    """Report the evaluation of the prompt produced by round `number` (0: the initial prompt)."""
+    version = number if report.version is None else report.version
+    created = service.report_evaluation(fid, version, client, report.model_dump())
+    return JSONResponse({"version": version, "stored": created}, status_code=201 if created else 200)

@@ -1,0 +1,82 @@
+"""fedprompt-coordinator: serve the API, apply migrations."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Annotated
+
+import typer
+
+from coordinator.config import ConfigError, Settings, require_admin_token
+
+app = typer.Typer(help="fedprompt coordinator: federated rounds over HTTP.", no_args_is_help=True)
+
+
+def _settings() -> Settings:
+    try:
+        return Settings()
+    except Exception as exc:  # pydantic's ValidationError: say which variable is wrong
+        typer.echo(f"error: invalid configuration: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def migrate() -> None:
+    """Apply database migrations (FEDPROMPT_DATABASE_URL) up to the newest schema."""
+    from coordinator.migrate import upgrade
+
+    settings = _settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.url)
+    typer.echo(f"database at head: {_redact(settings.url)}")
+
+
+@app.command()
+def serve(
+    host: Annotated[
+        str | None, typer.Option(help="Bind address (default FEDPROMPT_HOST or 127.0.0.1).")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default FEDPROMPT_PORT or 8000).")] = None,
+    dev: Annotated[
+        bool, typer.Option("--dev", help="Development: generate an admin token into <data_dir>/admin-token.")
+    ] = False,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Migrate the database, then serve the API."""
+    import uvicorn
+
+    from coordinator.app import create_app
+    from coordinator.migrate import upgrade
+
+    settings = _settings()
+    try:
+        settings = require_admin_token(settings, dev=dev)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if dev:
+        typer.echo(f"dev mode: admin token in {settings.data_dir / 'admin-token'}", err=True)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.url)
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=host or settings.host,
+        port=settings.port if port is None else port,
+        log_level=log_level,
+    )
+
+
+def _redact(url: str) -> str:
+    """A URL without its password, for messages."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def main() -> None:
+    """Console entry point."""
+    app()

@@ -1,0 +1,75 @@
+"""Coordinator settings, read from the environment (prefix FEDPROMPT_)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ConfigError(RuntimeError):
+    """The coordinator cannot start with this configuration."""
+
+
+class Settings(BaseSettings):
+    """Every knob of the coordinator; FEDPROMPT_DATABASE_URL, FEDPROMPT_ADMIN_TOKEN, ..."""
+
+    model_config = SettingsConfigDict(env_prefix="FEDPROMPT_", env_file=None, extra="ignore")
+
+    data_dir: Path = Field(Path("data"), description="Where the default SQLite file and dev token live.")
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL; default sqlite:///<data_dir>/fedprompt.db"
+    )
+    admin_token: SecretStr | None = Field(None, description="Bearer token for operator calls (required).")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    max_upload_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Uploads larger are refused (413).")
+    default_round_deadline_s: float = Field(600.0, gt=0)
+    sweep_interval_s: float = Field(
+        1.0, gt=0, description="How often deadlines and round starts are checked."
+    )
+    long_poll_max_s: float = Field(30.0, ge=0)
+    long_poll_interval_s: float = Field(0.25, gt=0)
+
+    @field_validator("admin_token")
+    @classmethod
+    def _non_trivial(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and len(v.get_secret_value()) < 16:
+            raise ValueError("FEDPROMPT_ADMIN_TOKEN must be at least 16 characters")
+        return v
+
+    @property
+    def url(self) -> str:
+        """The database URL in effect."""
+        return self.database_url or f"sqlite:///{(self.data_dir / 'fedprompt.db').resolve()}"
+
+    def admin_secret(self) -> str:
+        """The admin token; only valid after ``require_admin_token``."""
+        assert self.admin_token is not None
+        return self.admin_token.get_secret_value()
+
+
+def require_admin_token(settings: Settings, *, dev: bool) -> Settings:
+    """Refuse to start without an admin token, unless --dev: then generate one into a 0600 file."""
+    if settings.admin_token is not None:
+        return settings
+    if not dev:
+        raise ConfigError(
+            "FEDPROMPT_ADMIN_TOKEN is not set. Set it to a long random secret "
+            "(e.g. `export FEDPROMPT_ADMIN_TOKEN=$(python -c 'import secrets; print(secrets.token_urlsafe(32))')`), "
+            "or start with --dev to generate one for local use."
+        )
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    path = settings.data_dir / "admin-token"
+    if path.exists():
+        token = path.read_text().strip()
+    else:
+        token = secrets.token_urlsafe(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(token + "\n")
+    os.chmod(path, 0o600)
+    return settings.model_copy(update={"admin_token": SecretStr(token)})

@@ -1,0 +1,205 @@
+"""Database schema (SQLAlchemy 2) and engine set-up for SQLite and Postgres.
+
+Times are UNIX seconds (float) so both backends compare them the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    """Declarative base with deterministic constraint names (Alembic needs them)."""
+
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict[str, Any]: JSON}
+
+
+class Federation(Base):
+    """A federation and its spec; state is waiting | running | paused | completed."""
+
+    __tablename__ = "federations"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(16), default="waiting")
+    paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    current_round: Mapped[int] = mapped_column(Integer, default=0)
+    latest_version: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class EnrollmentToken(Base):
+    """A token that lets a worker enrol; stored hashed."""
+
+    __tablename__ = "enrollment_tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    federation_id: Mapped[int] = mapped_column(ForeignKey("federations.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    max_uses: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    uses: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Client(Base):
+    """An enrolled worker; its token is only ever stored as a hash."""
+
+    __tablename__ = "clients"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    federation_id: Mapped[int] = mapped_column(ForeignKey("federations.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    num_samples: Mapped[int] = mapped_column(Integer, default=0)
+    info: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    enrolled_at: Mapped[float] = mapped_column(Float)
+    last_seen_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Round(Base):
+    """One attempt at a round: open → aggregating → closed, or failed (then retried)."""
+
+    __tablename__ = "rounds"
+    __table_args__ = (UniqueConstraint("federation_id", "number", "attempt"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    federation_id: Mapped[int] = mapped_column(ForeignKey("federations.id", ondelete="CASCADE"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    state: Mapped[str] = mapped_column(String(16), default="open")
+    base_version: Mapped[int] = mapped_column(Integer)
+    result_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    opened_at: Mapped[float] = mapped_column(Float)
+    deadline_at: Mapped[float] = mapped_column(Float)
+    closed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    closed_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    failure_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    stats: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class Participant(Base):
+    """A client selected for a round attempt."""
+
+    __tablename__ = "participants"
+    __table_args__ = (UniqueConstraint("round_id", "client_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id", ondelete="CASCADE"), index=True)
+    client_id: Mapped[int] = mapped_column(ForeignKey("clients.id", ondelete="CASCADE"), index=True)
+    downloaded_bytes: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Update(Base):
+    """An accepted client update: the safetensors blob as received."""
+
+    __tablename__ = "updates"
+    __table_args__ = (UniqueConstraint("round_id", "client_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id", ondelete="CASCADE"), index=True)
+    client_id: Mapped[int] = mapped_column(ForeignKey("clients.id", ondelete="CASCADE"), index=True)
+    blob: Mapped[bytes] = mapped_column(LargeBinary)
+    sha256: Mapped[str] = mapped_column(String(64))
+    num_samples: Mapped[int] = mapped_column(Integer)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    size: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class PromptVersion(Base):
+    """The global prompt after each round; version 0 is the seeded initial prompt."""
+
+    __tablename__ = "prompt_versions"
+    __table_args__ = (UniqueConstraint("federation_id", "version"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    federation_id: Mapped[int] = mapped_column(ForeignKey("federations.id", ondelete="CASCADE"), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    round_id: Mapped[int | None] = mapped_column(ForeignKey("rounds.id", ondelete="SET NULL"), nullable=True)
+    blob: Mapped[bytes] = mapped_column(LargeBinary)
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Evaluation(Base):
+    """A client's metrics of one global prompt version on its local held-out data."""
+
+    __tablename__ = "evaluations"
+    __table_args__ = (UniqueConstraint("federation_id", "version", "client_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    federation_id: Mapped[int] = mapped_column(ForeignKey("federations.id", ondelete="CASCADE"), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    client_id: Mapped[int] = mapped_column(ForeignKey("clients.id", ondelete="CASCADE"), index=True)
+    num_samples: Mapped[int] = mapped_column(Integer)
+    accuracy: Mapped[float] = mapped_column(Float)
+    loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Event(Base):
+    """An audit trail of what happened to a federation (round opened, failed, client revoked, ...)."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_federation_id_id", "federation_id", "id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    federation_id: Mapped[int] = mapped_column(ForeignKey("federations.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(64))
+    round_number: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    message: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+def make_engine(url: str) -> Engine:
+    """An engine with the right per-backend settings (SQLite: WAL, foreign keys, write-serialised)."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
+            # Let SQLAlchemy emit BEGIN itself (pysqlite's implicit transactions break locking).
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA synchronous=FULL")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn: Any) -> None:
+            # Every transaction takes the write lock up front, so check-then-write is atomic.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker:
+    """Sessions that keep loaded attributes after commit (we return them from services)."""
+    return sessionmaker(engine, expire_on_commit=False)

@@ -1,0 +1,112 @@
+"""Aggregation rules: pure functions over [(tensors, weight), ...]. No I/O.
+
+Each rule takes the round's updates as a list of (named tensors, num_samples) and returns the new
+named tensors. Accumulation is in float64 and the result is cast back to the inputs' dtype; sums
+run in a canonical order so the result does not depend on arrival order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+Tensors = Mapping[str, np.ndarray]
+Weighted = Sequence[tuple[Tensors, float]]
+
+
+class AggregationError(ValueError):
+    """The updates cannot be aggregated (none, mismatched names/shapes, bad weights or params)."""
+
+
+@dataclass(frozen=True)
+class AggregationResult:
+    """New tensors plus what the rule did with each update (index → note), for the round history."""
+
+    tensors: dict[str, np.ndarray]
+    notes: dict[int, str] = field(default_factory=dict)
+
+
+def _check(updates: Weighted) -> list[str]:
+    if not updates:
+        raise AggregationError("no updates to aggregate")
+    names = sorted(updates[0][0])
+    for i, (tensors, weight) in enumerate(updates):
+        if sorted(tensors) != names:
+            raise AggregationError(f"update {i} has tensors {sorted(tensors)}, expected {names}")
+        for name in names:
+            if tensors[name].shape != updates[0][0][name].shape:
+                raise AggregationError(f"update {i}: tensor '{name}' has shape {tensors[name].shape}")
+        if not np.isfinite(weight) or weight <= 0:
+            raise AggregationError(f"update {i} has weight {weight}; weights must be positive")
+    return names
+
+
+def _canonical_order(updates: Weighted, names: list[str]) -> list[int]:
+    """Order updates by their content so floating-point sums are independent of arrival order."""
+
+    def key(i: int) -> tuple[float, bytes]:
+        tensors, weight = updates[i]
+        return (float(weight), b"".join(np.ascontiguousarray(tensors[n]).tobytes() for n in names))
+
+    return sorted(range(len(updates)), key=key)
+
+
+def fedavg(updates: Weighted) -> dict[str, np.ndarray]:
+    """FedAvg: the mean of each tensor weighted by the clients' sample counts."""
+    names = _check(updates)
+    order = _canonical_order(updates, names)
+    total = float(sum(w for _, w in updates))
+    out: dict[str, np.ndarray] = {}
+    for name in names:
+        acc = np.zeros(updates[0][0][name].shape, dtype=np.float64)
+        for i in order:
+            tensors, weight = updates[i]
+            acc += tensors[name].astype(np.float64) * (float(weight) / total)
+        out[name] = acc.astype(updates[0][0][name].dtype)
+    return out
+
+
+Rule = Callable[..., AggregationResult]
+_RULES: dict[str, Rule] = {}
+
+
+def register(name: str) -> Callable[[Rule], Rule]:
+    """Register an aggregation rule under a name usable in a FederationSpec."""
+
+    def deco(fn: Rule) -> Rule:
+        _RULES[name] = fn
+        return fn
+
+    return deco
+
+
+@register("fedavg")
+def _fedavg_rule(updates: Weighted, *, global_tensors: Tensors | None = None) -> AggregationResult:
+    del global_tensors  # FedAvg does not look at the previous global prompt
+    return AggregationResult(fedavg(updates))
+
+
+def available_rules() -> list[str]:
+    """Names of the registered rules."""
+    return sorted(_RULES)
+
+
+def aggregate(
+    name: str,
+    updates: Weighted,
+    *,
+    params: Mapping[str, Any] | None = None,
+    global_tensors: Tensors | None = None,
+) -> AggregationResult:
+    """Run the named rule with its parameters."""
+    try:
+        rule = _RULES[name]
+    except KeyError:
+        raise AggregationError(f"unknown aggregation rule '{name}'; available: {available_rules()}") from None
+    try:
+        return rule(updates, global_tensors=global_tensors, **dict(params or {}))
+    except TypeError as exc:
+        raise AggregationError(f"bad parameters for aggregation rule '{name}': {exc}") from None

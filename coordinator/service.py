@@ -1,0 +1,939 @@
+"""The coordinator's use cases: federations, enrolment, rounds, uploads, evaluation.
+
+All state lives in the database. Every transition of a federation happens inside a transaction
+that first locks the federation's row (``SELECT … FOR UPDATE`` on Postgres; SQLite transactions
+take the write lock at BEGIN), then re-reads the state it acts on. So however many coordinator
+processes share the database, each round is opened, aggregated and closed exactly once, and an
+upload either lands in the round it was accepted for or is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from coordinator.db import (
+    Client,
+    EnrollmentToken,
+    Evaluation,
+    Event,
+    Federation,
+    Participant,
+    PromptVersion,
+    Round,
+    Update,
+)
+from coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound, Unauthorized
+from coordinator.logic.aggregation import AggregationError, aggregate, available_rules
+from coordinator.logic.selection import select_clients
+from shared import wire
+from shared.spec import FederationSpec, initial_prompt
+
+
+def hash_token(token: str) -> str:
+    """Tokens are stored only as their sha256 (they are long random strings, so no salt is needed)."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token(prefix: str) -> str:
+    """A fresh random bearer token with a readable prefix."""
+    return f"{prefix}_{secrets.token_urlsafe(32)}"
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    """What an upload returns; an identical retry returns the same."""
+
+    created: bool
+    round: int
+    attempt: int
+    client_id: int
+    sha256: str
+    num_samples: int
+    size: int
+
+
+class Coordinator:
+    """The service layer: routes call these methods and nothing else touches the database."""
+
+    def __init__(self, sessions: sessionmaker, *, clock: Callable[[], float] = time.time) -> None:
+        self.sessions = sessions
+        self.clock = clock
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    @contextmanager
+    def _tx(self) -> Iterator[Session]:
+        with self.sessions() as session, session.begin():
+            yield session
+
+    def _lock_federation(self, s: Session, fid: int) -> Federation:
+        fed = s.scalars(select(Federation).where(Federation.id == fid).with_for_update()).first()
+        if fed is None:
+            raise NotFound(f"federation {fid} does not exist; list them with GET /api/v1/federations")
+        return fed
+
+    def _federation(self, s: Session, fid: int) -> Federation:
+        fed = s.get(Federation, fid)
+        if fed is None:
+            raise NotFound(f"federation {fid} does not exist; list them with GET /api/v1/federations")
+        return fed
+
+    def _event(self, s: Session, fid: int, kind: str, message: str, round_number: int | None = None) -> None:
+        s.add(
+            Event(
+                federation_id=fid,
+                kind=kind,
+                message=message,
+                round_number=round_number,
+                created_at=self.clock(),
+            )
+        )
+
+    @staticmethod
+    def spec_of(fed: Federation) -> FederationSpec:
+        """The federation's validated spec."""
+        return FederationSpec.model_validate(fed.spec)
+
+    # -- federations --------------------------------------------------------------------------
+
+    def create_federation(self, spec: FederationSpec) -> Federation:
+        """Create a federation and its seeded initial prompt (version 0)."""
+        if spec.aggregation.name not in available_rules():
+            raise Invalid(
+                f"unknown aggregation rule '{spec.aggregation.name}'; available: {available_rules()}",
+                field="aggregation.name",
+            )
+        now = self.clock()
+        blob = wire.encode(initial_prompt(spec), {"version": "0", "method": spec.method})
+        with self._tx() as s:
+            fed = Federation(
+                name=spec.name,
+                spec=spec.model_dump(mode="json"),
+                state="waiting",
+                paused=False,
+                current_round=0,
+                latest_version=0,
+                created_at=now,
+                updated_at=now,
+            )
+            s.add(fed)
+            s.flush()
+            s.add(
+                PromptVersion(
+                    federation_id=fed.id, version=0, blob=blob, sha256=wire.sha256(blob), created_at=now
+                )
+            )
+            self._event(s, fed.id, "created", f"federation '{spec.name}' created")
+        return fed
+
+    def set_initial_prompt(self, fid: int, body: bytes) -> PromptVersion:
+        """Replace version 0 (e.g. with a vocabulary-initialised prompt) before the first round opens."""
+        with self._tx() as s:
+            fed = self._lock_federation(s, fid)
+            spec = self.spec_of(fed)
+            try:
+                tensors, _ = wire.decode_checked(body, spec.tensor_shapes())
+            except wire.WireError as exc:
+                raise Invalid(str(exc)) from None
+            if fed.current_round > 0:
+                raise Conflict("the initial prompt can only be replaced before round 1 opens")
+            blob = wire.encode(tensors, {"version": "0", "method": spec.method})
+            pv = s.scalars(
+                select(PromptVersion).where(PromptVersion.federation_id == fid, PromptVersion.version == 0)
+            ).one()
+            pv.blob, pv.sha256, pv.created_at = blob, wire.sha256(blob), self.clock()
+            self._event(s, fid, "initial_prompt", "initial prompt replaced")
+        return pv
+
+    def list_federations(self) -> list[dict[str, Any]]:
+        """Status of every federation."""
+        with self.sessions() as s:
+            ids = s.scalars(select(Federation.id).order_by(Federation.id)).all()
+        return [self.federation_status(fid) for fid in ids]
+
+    def federation_status(self, fid: int) -> dict[str, Any]:
+        """State, round, clients and latest metrics of one federation."""
+        now = self.clock()
+        with self.sessions() as s:
+            fed = self._federation(s, fid)
+            spec = self.spec_of(fed)
+            clients = s.scalars(select(Client).where(Client.federation_id == fid)).all()
+            active = [c for c in clients if c.revoked_at is None]
+            available = [c for c in active if now - c.last_seen_at <= spec.availability_timeout_s]
+            open_round = self._open_round(s, fid)
+            latest_closed = s.scalars(
+                select(Round)
+                .where(Round.federation_id == fid, Round.state == "closed")
+                .order_by(Round.number.desc())
+                .limit(1)
+            ).first()
+            out: dict[str, Any] = {
+                "id": fed.id,
+                "name": fed.name,
+                "state": fed.state,
+                "paused": fed.paused,
+                "current_round": fed.current_round,
+                "rounds_total": spec.rounds,
+                "latest_version": fed.latest_version,
+                "clients": {"enrolled": len(clients), "active": len(active), "available": len(available)},
+                "open_round": self._round_summary(s, open_round) if open_round else None,
+                "latest": self._round_summary(s, latest_closed) if latest_closed else None,
+                "spec": fed.spec,
+                "created_at": fed.created_at,
+            }
+        return out
+
+    def set_paused(self, fid: int, paused: bool) -> dict[str, Any]:
+        """Pause (no new rounds open automatically) or resume (open the next round if due)."""
+        with self._tx() as s:
+            fed = self._lock_federation(s, fid)
+            if fed.state == "completed":
+                raise Conflict(f"federation {fid} is completed; there is nothing to pause or resume")
+            fed.paused = paused
+            fed.updated_at = self.clock()
+            self._event(s, fid, "paused" if paused else "resumed", "paused" if paused else "resumed")
+            if not paused:
+                self._advance(s, fed, manual=False)
+        return self.federation_status(fid)
+
+    # -- enrolment and clients ----------------------------------------------------------------
+
+    def create_enrollment_token(
+        self, fid: int, *, expires_in_s: float | None = None, max_uses: int | None = None
+    ) -> tuple[str, EnrollmentToken]:
+        """Issue an enrolment token (shown once); optional expiry and use limit."""
+        token = new_token("fpe")
+        now = self.clock()
+        with self._tx() as s:
+            self._federation(s, fid)
+            row = EnrollmentToken(
+                federation_id=fid,
+                token_hash=hash_token(token),
+                expires_at=None if expires_in_s is None else now + expires_in_s,
+                max_uses=max_uses,
+                uses=0,
+                created_at=now,
+            )
+            s.add(row)
+        return token, row
+
+    def enroll(
+        self, fid: int, token: str, *, name: str, num_samples: int, info: dict[str, Any]
+    ) -> tuple[Client, str]:
+        """Exchange an enrolment token for a client id and a client token (shown once)."""
+        now = self.clock()
+        client_token = new_token("fpc")
+        with self._tx() as s:
+            fed = self._lock_federation(s, fid)
+            row = s.scalars(
+                select(EnrollmentToken).where(
+                    EnrollmentToken.token_hash == hash_token(token), EnrollmentToken.federation_id == fid
+                )
+            ).first()
+            if row is None:
+                raise Unauthorized(
+                    f"unknown enrolment token for federation {fid}; ask the operator for a new one"
+                )
+            if row.expires_at is not None and now > row.expires_at:
+                raise Unauthorized("this enrolment token has expired; ask the operator for a new one")
+            if row.max_uses is not None and row.uses >= row.max_uses:
+                raise Unauthorized(
+                    f"this enrolment token is used up ({row.max_uses} uses); ask for a new one"
+                )
+            spec = self.spec_of(fed)
+            fingerprint = info.get("model_fingerprint")
+            if spec.model_fingerprint and fingerprint and fingerprint != spec.model_fingerprint:
+                raise Conflict(
+                    f"your model's fingerprint {fingerprint} differs from the federation's "
+                    f"{spec.model_fingerprint}; load the model '{spec.model}'"
+                )
+            row.uses += 1
+            client = Client(
+                federation_id=fid,
+                name=name,
+                token_hash=hash_token(client_token),
+                num_samples=num_samples,
+                info=info,
+                enrolled_at=now,
+                last_seen_at=now,
+            )
+            s.add(client)
+            s.flush()
+            self._event(
+                s, fid, "client_enrolled", f"client {client.id} '{name}' enrolled ({num_samples} samples)"
+            )
+            if fed.state == "waiting" and spec.auto_advance:
+                self._advance(s, fed, manual=False)
+        return client, client_token
+
+    def authenticate_client(self, fid: int, token: str) -> Client:
+        """The client owning a bearer token in this federation; refreshes its last-seen time."""
+        with self._tx() as s:
+            client = s.scalars(select(Client).where(Client.token_hash == hash_token(token))).first()
+            if client is None:
+                raise Unauthorized("unknown client token; enrol again with an enrolment token")
+            if client.federation_id != fid:
+                raise Forbidden(f"this client token belongs to federation {client.federation_id}, not {fid}")
+            if client.revoked_at is not None:
+                raise Forbidden(f"client {client.id} was revoked by the operator")
+            client.last_seen_at = self.clock()
+        return client
+
+    def list_clients(self, fid: int) -> list[dict[str, Any]]:
+        """Every client with its activity."""
+        with self.sessions() as s:
+            self._federation(s, fid)
+            clients = s.scalars(select(Client).where(Client.federation_id == fid).order_by(Client.id)).all()
+            rounds = dict(
+                s.execute(
+                    select(Participant.client_id, func.count())
+                    .join(Round, Round.id == Participant.round_id)
+                    .where(Round.federation_id == fid)
+                    .group_by(Participant.client_id)
+                ).all()
+            )
+            uploads = dict(
+                s.execute(
+                    select(Update.client_id, func.count())
+                    .join(Round, Round.id == Update.round_id)
+                    .where(Round.federation_id == fid)
+                    .group_by(Update.client_id)
+                ).all()
+            )
+        return [
+            {
+                "id": c.id,
+                "name": c.name,
+                "num_samples": c.num_samples,
+                "enrolled_at": c.enrolled_at,
+                "last_seen_at": c.last_seen_at,
+                "revoked": c.revoked_at is not None,
+                "rounds_selected": rounds.get(c.id, 0),
+                "updates": uploads.get(c.id, 0),
+                "info": c.info,
+            }
+            for c in clients
+        ]
+
+    def revoke_client(self, fid: int, cid: int) -> None:
+        """Revoke a client: its token stops working and it is never selected again."""
+        with self._tx() as s:
+            self._lock_federation(s, fid)
+            client = s.get(Client, cid)
+            if client is None or client.federation_id != fid:
+                raise NotFound(f"client {cid} is not enrolled in federation {fid}")
+            if client.revoked_at is None:
+                client.revoked_at = self.clock()
+                self._event(s, fid, "client_revoked", f"client {cid} revoked")
+
+    # -- rounds -------------------------------------------------------------------------------
+
+    def _open_round(self, s: Session, fid: int) -> Round | None:
+        return s.scalars(select(Round).where(Round.federation_id == fid, Round.state == "open")).first()
+
+    def _available_clients(self, s: Session, fed: Federation, spec: FederationSpec) -> list[int]:
+        cutoff = self.clock() - spec.availability_timeout_s
+        return list(
+            s.scalars(
+                select(Client.id).where(
+                    Client.federation_id == fed.id, Client.revoked_at.is_(None), Client.last_seen_at >= cutoff
+                )
+            ).all()
+        )
+
+    def _start_round(self, s: Session, fed: Federation, number: int, attempt: int) -> Round | None:
+        """Open round `number` (attempt `attempt`) with a fresh seeded selection, if enough clients."""
+        spec = self.spec_of(fed)
+        available = self._available_clients(s, fed, spec)
+        if len(available) < spec.min_clients:
+            fed.state = "waiting"
+            return None
+        chosen = select_clients(
+            available, spec.num_selected(len(available)), seed=spec.seed, round_number=number, attempt=attempt
+        )
+        now = self.clock()
+        rnd = Round(
+            federation_id=fed.id,
+            number=number,
+            attempt=attempt,
+            state="open",
+            base_version=number - 1,
+            opened_at=now,
+            deadline_at=now + spec.round_deadline_s,
+            stats={},
+        )
+        s.add(rnd)
+        s.flush()
+        s.add_all(Participant(round_id=rnd.id, client_id=cid) for cid in chosen)
+        fed.current_round, fed.state, fed.updated_at = number, "running", now
+        self._event(
+            s,
+            fed.id,
+            "round_opened",
+            f"round {number} attempt {attempt} opened with clients {chosen}",
+            number,
+        )
+        return rnd
+
+    def _next_round(self, s: Session, fed: Federation) -> tuple[int, int]:
+        """The round number and attempt to open next."""
+        last = s.scalars(
+            select(Round)
+            .where(Round.federation_id == fed.id)
+            .order_by(Round.number.desc(), Round.attempt.desc())
+        ).first()
+        if last is None:
+            return 1, 1
+        if last.state == "failed":
+            return last.number, last.attempt + 1
+        return last.number + 1, 1
+
+    def _advance(self, s: Session, fed: Federation, *, manual: bool) -> Round | None:
+        """Open the next round if the federation is due one (caller holds the federation lock)."""
+        spec = self.spec_of(fed)
+        if fed.state == "completed" or self._open_round(s, fed.id) is not None:
+            return None
+        if not manual and (fed.paused or not spec.auto_advance):
+            fed.state = "paused" if fed.paused else "waiting"
+            return None
+        number, attempt = self._next_round(s, fed)
+        if number > spec.rounds:
+            fed.state = "completed"
+            return None
+        return self._start_round(s, fed, number, attempt)
+
+    def open_round(self, fid: int) -> dict[str, Any]:
+        """Operator: open the next round now."""
+        with self._tx() as s:
+            fed = self._lock_federation(s, fid)
+            spec = self.spec_of(fed)
+            if fed.state == "completed":
+                raise Conflict(f"federation {fid} has completed all {spec.rounds} rounds")
+            current = self._open_round(s, fid)
+            if current is not None:
+                raise Conflict(f"round {current.number} is still open; close it first (POST …/close)")
+            rnd = self._advance(s, fed, manual=True)
+            if rnd is None:
+                available = len(self._available_clients(s, fed, spec))
+                raise Conflict(
+                    f"cannot open a round: {available} client(s) available, the federation needs "
+                    f"min_clients={spec.min_clients}; enrol more workers"
+                )
+            rid = rnd.id
+        return self.round_detail(fid, rid=rid)
+
+    def close_round(self, fid: int, number: int, *, by: str = "operator") -> dict[str, Any]:
+        """Operator: aggregate the open round now with the updates that arrived (at least quorum)."""
+        with self._tx() as s:
+            fed = self._lock_federation(s, fid)
+            rnd = self._open_round(s, fid)
+            if rnd is None or rnd.number != number:
+                raise Conflict(f"round {number} is not open" + (f"; round {rnd.number} is" if rnd else ""))
+            spec = self.spec_of(fed)
+            n = self._count_updates(s, rnd)
+            if n < spec.quorum:
+                raise Conflict(f"round {number} has {n} update(s), below the quorum of {spec.quorum}; wait")
+            self._aggregate(s, fed, rnd, by=by)
+            rid = rnd.id
+        return self.round_detail(fid, rid=rid)
+
+    def _count_updates(self, s: Session, rnd: Round) -> int:
+        return s.scalar(select(func.count()).select_from(Update).where(Update.round_id == rnd.id)) or 0
+
+    def _aggregate(self, s: Session, fed: Federation, rnd: Round, *, by: str) -> None:
+        """Aggregate a round into the next prompt version and open the next round (lock held)."""
+        rnd.state = "aggregating"
+        spec = self.spec_of(fed)
+        updates = s.scalars(select(Update).where(Update.round_id == rnd.id).order_by(Update.client_id)).all()
+        decoded = [(wire.decode(u.blob)[0], float(u.num_samples)) for u in updates]
+        base = s.scalars(
+            select(PromptVersion).where(
+                PromptVersion.federation_id == fed.id, PromptVersion.version == rnd.base_version
+            )
+        ).one()
+        try:
+            result = aggregate(
+                spec.aggregation.name,
+                decoded,
+                params=spec.aggregation.params,
+                global_tensors=wire.decode(base.blob)[0],
+            )
+        except AggregationError as exc:
+            raise Conflict(f"aggregation failed: {exc}") from None
+        version = rnd.number
+        blob = wire.encode(
+            result.tensors, {"version": str(version), "round": str(rnd.number), "method": spec.method}
+        )
+        now = self.clock()
+        s.add(
+            PromptVersion(
+                federation_id=fed.id,
+                version=version,
+                round_id=rnd.id,
+                blob=blob,
+                sha256=wire.sha256(blob),
+                created_at=now,
+            )
+        )
+        participants = s.scalars(select(Participant).where(Participant.round_id == rnd.id)).all()
+        samples = sum(u.num_samples for u in updates)
+        losses = [
+            (u.metrics.get("loss"), u.num_samples) for u in updates if u.metrics.get("loss") is not None
+        ]
+        rnd.stats = {
+            "participants": len(participants),
+            "updates": len(updates),
+            "num_samples": samples,
+            "bytes_up": sum(u.size for u in updates),
+            "bytes_down": sum(p.downloaded_bytes for p in participants),
+            "train_loss": (sum(float(v) * w for v, w in losses) / sum(w for _, w in losses))
+            if losses
+            else None,
+            "notes": {str(updates[i].client_id): note for i, note in result.notes.items()},
+        }
+        rnd.state, rnd.result_version, rnd.closed_at, rnd.closed_by = "closed", version, now, by
+        fed.latest_version, fed.updated_at = version, now
+        self._event(
+            s, fed.id, "round_closed", f"round {rnd.number} aggregated {len(updates)} update(s)", rnd.number
+        )
+        if rnd.number >= spec.rounds:
+            fed.state = "completed"
+            self._event(s, fed.id, "completed", f"all {spec.rounds} rounds done")
+        else:
+            fed.state = "waiting"
+            self._advance(s, fed, manual=False)
+
+    def sweep(self) -> None:
+        """Enforce deadlines, close complete rounds and start due ones (run periodically by every process)."""
+        now = self.clock()
+        with self.sessions() as s:
+            feds = s.scalars(select(Federation).where(Federation.state.in_(("waiting", "running")))).all()
+            todo = [(f.id, f.state) for f in feds]
+        for fid, state in todo:
+            if state == "waiting":
+                with self._tx() as s:
+                    fed = self._lock_federation(s, fid)
+                    if fed.state == "waiting":
+                        self._advance(s, fed, manual=False)
+                continue
+            with self.sessions() as s:
+                rnd = self._open_round(s, fid)
+                due = rnd is not None and (rnd.deadline_at <= now or self._all_uploaded(s, rnd))
+            if due:
+                self._close_if_due(fid)
+
+    def _all_uploaded(self, s: Session, rnd: Round) -> bool:
+        selected = s.scalar(
+            select(func.count()).select_from(Participant).where(Participant.round_id == rnd.id)
+        )
+        return bool(selected) and self._count_updates(s, rnd) >= selected
+
+    def _close_if_due(self, fid: int) -> None:
+        """Close the open round if everyone uploaded or its deadline passed (fail it below quorum)."""
+        with self._tx() as s:
+            fed = self._lock_federation(s, fid)
+            rnd = self._open_round(s, fid)
+            if rnd is None:
+                return
+            spec = self.spec_of(fed)
+            if self._all_uploaded(s, rnd):
+                self._aggregate(s, fed, rnd, by="all-uploaded")
+            elif rnd.deadline_at <= self.clock():
+                n = self._count_updates(s, rnd)
+                if n >= spec.quorum:
+                    self._aggregate(s, fed, rnd, by="deadline")
+                else:
+                    rnd.state, rnd.closed_at = "failed", self.clock()
+                    rnd.failure_reason = (
+                        f"deadline passed with {n} update(s), below the quorum of {spec.quorum}"
+                    )
+                    self._event(s, fid, "round_failed", rnd.failure_reason, rnd.number)
+                    fed.state = "waiting"
+                    if not fed.paused:  # retry at once with a fresh selection
+                        self._advance(s, fed, manual=True)
+
+    # -- history ------------------------------------------------------------------------------
+
+    def _round_summary(self, s: Session, rnd: Round) -> dict[str, Any]:
+        participants = s.scalars(select(Participant).where(Participant.round_id == rnd.id)).all()
+        uploaded = set(s.scalars(select(Update.client_id).where(Update.round_id == rnd.id)).all())
+        evaluation = self._evaluation_summary(s, rnd.federation_id, rnd.result_version)
+        return {
+            "round": rnd.number,
+            "attempt": rnd.attempt,
+            "state": rnd.state,
+            "base_version": rnd.base_version,
+            "result_version": rnd.result_version,
+            "opened_at": rnd.opened_at,
+            "deadline_at": rnd.deadline_at,
+            "closed_at": rnd.closed_at,
+            "closed_by": rnd.closed_by,
+            "seconds": (rnd.closed_at - rnd.opened_at) if rnd.closed_at else None,
+            "failure_reason": rnd.failure_reason,
+            "participants": [
+                {"client_id": p.client_id, "uploaded": p.client_id in uploaded} for p in participants
+            ],
+            "stats": rnd.stats,
+            "evaluation": evaluation,
+        }
+
+    def _evaluation_summary(self, s: Session, fid: int, version: int | None) -> dict[str, Any] | None:
+        if version is None:
+            return None
+        rows = s.scalars(
+            select(Evaluation).where(Evaluation.federation_id == fid, Evaluation.version == version)
+        ).all()
+        return summarize_evaluations(version, rows)
+
+    def rounds(self, fid: int) -> list[dict[str, Any]]:
+        """The round history, every attempt, oldest first."""
+        with self.sessions() as s:
+            self._federation(s, fid)
+            rows = s.scalars(
+                select(Round).where(Round.federation_id == fid).order_by(Round.number, Round.attempt)
+            ).all()
+            return [self._round_summary(s, r) for r in rows]
+
+    def round_detail(self, fid: int, number: int | None = None, *, rid: int | None = None) -> dict[str, Any]:
+        """One round (its latest attempt)."""
+        with self.sessions() as s:
+            self._federation(s, fid)
+            q = select(Round).where(Round.federation_id == fid)
+            q = q.where(Round.id == rid) if rid is not None else q.where(Round.number == number)
+            rnd = s.scalars(q.order_by(Round.attempt.desc())).first()
+            if rnd is None:
+                raise NotFound(f"round {number} of federation {fid} has not been opened yet")
+            return self._round_summary(s, rnd)
+
+    def evaluations(self, fid: int, version: int) -> dict[str, Any] | None:
+        """Sample-weighted evaluation of one prompt version."""
+        with self.sessions() as s:
+            self._federation(s, fid)
+            return self._evaluation_summary(s, fid, version)
+
+    def events(self, fid: int, *, after: int = 0, limit: int = 200) -> list[dict[str, Any]]:
+        """The federation's audit trail."""
+        with self.sessions() as s:
+            self._federation(s, fid)
+            rows = s.scalars(
+                select(Event)
+                .where(Event.federation_id == fid, Event.id > after)
+                .order_by(Event.id)
+                .limit(limit)
+            ).all()
+            return [
+                {
+                    "id": e.id,
+                    "kind": e.kind,
+                    "round": e.round_number,
+                    "message": e.message,
+                    "at": e.created_at,
+                }
+                for e in rows
+            ]
+
+    # -- the worker side ----------------------------------------------------------------------
+
+    def get_prompt(self, fid: int, version: str | int, *, client: Client | None = None) -> PromptVersion:
+        """A prompt version's blob ('latest' or a number); counts a participant's download."""
+        with self._tx() as s:
+            fed = self._federation(s, fid)
+            if version == "latest":
+                number = fed.latest_version
+            else:
+                try:
+                    number = int(version)
+                except ValueError:
+                    raise Invalid(f"version must be a number or 'latest', not '{version}'") from None
+            pv = s.scalars(
+                select(PromptVersion).where(
+                    PromptVersion.federation_id == fid, PromptVersion.version == number
+                )
+            ).first()
+            if pv is None:
+                raise NotFound(f"prompt version {number} does not exist; the latest is {fed.latest_version}")
+            if client is not None:
+                rnd = self._open_round(s, fid)
+                if rnd is not None and rnd.base_version == number:
+                    part = s.scalars(
+                        select(Participant).where(
+                            Participant.round_id == rnd.id, Participant.client_id == client.id
+                        )
+                    ).first()
+                    if part is not None:
+                        part.downloaded_bytes = len(pv.blob)
+        return pv
+
+    def next_task(self, fid: int, client: Client) -> dict[str, Any] | None:
+        """What this client should do now: evaluate the latest prompt, train for a round, or nothing."""
+        with self.sessions() as s:
+            fed = self._federation(s, fid)
+            spec = self.spec_of(fed)
+            latest = s.scalars(
+                select(PromptVersion).where(
+                    PromptVersion.federation_id == fid, PromptVersion.version == fed.latest_version
+                )
+            ).one()
+            evaluated = s.scalar(
+                select(func.count())
+                .select_from(Evaluation)
+                .where(
+                    Evaluation.federation_id == fid,
+                    Evaluation.version == latest.version,
+                    Evaluation.client_id == client.id,
+                )
+            )
+            if not evaluated:
+                return {
+                    "kind": "evaluate",
+                    "round": latest.version,
+                    "version": latest.version,
+                    "sha256": latest.sha256,
+                }
+            rnd = self._open_round(s, fid)
+            if rnd is not None:
+                selected = s.scalars(
+                    select(Participant).where(
+                        Participant.round_id == rnd.id, Participant.client_id == client.id
+                    )
+                ).first()
+                done = s.scalars(
+                    select(Update).where(Update.round_id == rnd.id, Update.client_id == client.id)
+                ).first()
+                if selected is not None and done is None:
+                    base = s.scalars(
+                        select(PromptVersion).where(
+                            PromptVersion.federation_id == fid, PromptVersion.version == rnd.base_version
+                        )
+                    ).one()
+                    return {
+                        "kind": "train",
+                        "round": rnd.number,
+                        "attempt": rnd.attempt,
+                        "version": rnd.base_version,
+                        "sha256": base.sha256,
+                        "deadline_at": rnd.deadline_at,
+                        "config": {
+                            "local_steps": spec.local_steps,
+                            "batch_size": spec.batch_size,
+                            "lr": spec.lr,
+                            "grad_clip": spec.grad_clip,
+                            "seed": spec.seed,
+                        },
+                    }
+            if fed.state == "completed":
+                return {"kind": "done", "round": fed.current_round, "version": fed.latest_version}
+        return None
+
+    def upload(self, fid: int, number: int, client: Client, body: bytes) -> UploadResult:
+        """Accept a client's update for a round: validated fully before anything is stored."""
+        digest = wire.sha256(body)
+        with self.sessions() as s:
+            spec = self.spec_of(self._federation(s, fid))
+        try:
+            tensors, meta = wire.decode_checked(body, spec.tensor_shapes())
+        except wire.WireError as exc:
+            raise Invalid(str(exc)) from None
+        num_samples, metrics = _parse_update_metadata(meta, spec)
+        with self._tx() as s:
+            fed = self._lock_federation(s, fid)
+            attempts = s.scalars(
+                select(Round)
+                .where(Round.federation_id == fid, Round.number == number)
+                .order_by(Round.attempt.desc())
+            ).all()
+            if not attempts:
+                raise NotFound(
+                    f"round {number} has not been opened; the current round is {fed.current_round}"
+                )
+            current = attempts[0]
+            previous = s.scalars(
+                select(Update).where(
+                    Update.round_id.in_([r.id for r in attempts]), Update.client_id == client.id
+                )
+            ).all()
+            mine = {u.round_id: u for u in previous}
+            if current.id in mine:
+                if mine[current.id].sha256 == digest:  # a retry of an acknowledged upload
+                    upd = mine[current.id]
+                    return UploadResult(
+                        False, number, current.attempt, client.id, digest, upd.num_samples, upd.size
+                    )
+                raise Conflict(
+                    f"client {client.id} already uploaded a different update for round {number}; "
+                    "an update cannot be replaced"
+                )
+            if current.state != "open":
+                for rnd in attempts:
+                    upd = mine.get(rnd.id)
+                    if upd is not None and upd.sha256 == digest:
+                        return UploadResult(
+                            False, number, rnd.attempt, client.id, digest, upd.num_samples, upd.size
+                        )
+                raise Gone(f"round {number} is {current.state}; the current round is {fed.current_round}")
+            selected = s.scalars(
+                select(Participant).where(
+                    Participant.round_id == current.id, Participant.client_id == client.id
+                )
+            ).first()
+            if selected is None:
+                raise Forbidden(f"client {client.id} was not selected for round {number}")
+            base_version = meta.get("base_version")
+            if base_version is not None and base_version != str(current.base_version):
+                raise Conflict(
+                    f"update was trained from prompt version {base_version}, but round {number} "
+                    f"starts from version {current.base_version}; download it and train again"
+                )
+            del tensors  # validated above; the blob is stored exactly as received
+            s.add(
+                Update(
+                    round_id=current.id,
+                    client_id=client.id,
+                    blob=body,
+                    sha256=digest,
+                    num_samples=num_samples,
+                    metrics=metrics,
+                    size=len(body),
+                    created_at=self.clock(),
+                )
+            )
+            try:
+                s.flush()
+            except IntegrityError:
+                raise Conflict(f"client {client.id} already uploaded for round {number}") from None
+            result = UploadResult(True, number, current.attempt, client.id, digest, num_samples, len(body))
+        return result
+
+    def after_upload(self, fid: int) -> None:
+        """Close the round now if that upload was the last one missing."""
+        with self.sessions() as s:
+            rnd = self._open_round(s, fid)
+            due = rnd is not None and self._all_uploaded(s, rnd)
+        if due:
+            self._close_if_due(fid)
+
+    def report_evaluation(self, fid: int, version: int, client: Client, payload: dict[str, Any]) -> bool:
+        """Store a client's evaluation of a prompt version; a repeat is a no-op. True if stored."""
+        with self._tx() as s:
+            fed = self._federation(s, fid)
+            if version < 0 or version > fed.latest_version:
+                raise NotFound(f"prompt version {version} does not exist; the latest is {fed.latest_version}")
+            exists = s.scalars(
+                select(Evaluation).where(
+                    Evaluation.federation_id == fid,
+                    Evaluation.version == version,
+                    Evaluation.client_id == client.id,
+                )
+            ).first()
+            if exists is not None:
+                return False
+            s.add(
+                Evaluation(
+                    federation_id=fid,
+                    version=version,
+                    client_id=client.id,
+                    num_samples=int(payload["num_samples"]),
+                    accuracy=float(payload["accuracy"]),
+                    loss=None if payload.get("loss") is None else float(payload["loss"]),
+                    metrics=payload.get("metrics") or {},
+                    created_at=self.clock(),
+                )
+            )
+            try:
+                s.flush()
+            except IntegrityError:
+                return False
+        return True
+
+
+def summarize_evaluations(version: int, rows: list[Evaluation] | Any) -> dict[str, Any] | None:
+    """Sample-weighted accuracy and loss over the clients that evaluated a version."""
+    rows = list(rows)
+    if not rows:
+        return None
+    total = sum(r.num_samples for r in rows)
+    if total <= 0:
+        return None
+    acc = sum(r.accuracy * r.num_samples for r in rows) / total
+    with_loss = [r for r in rows if r.loss is not None]
+    loss = (
+        sum(r.loss * r.num_samples for r in with_loss) / sum(r.num_samples for r in with_loss)
+        if with_loss
+        else None
+    )
+    out: dict[str, Any] = {
+        "version": version,
+        "clients": len(rows),
+        "num_samples": total,
+        "accuracy": acc,
+        "loss": loss,
+    }
+    extra_keys = sorted({k for r in rows for k, v in (r.metrics or {}).items() if isinstance(v, int | float)})
+    for key in extra_keys:
+        vals = [
+            (float(r.metrics[key]), r.num_samples)
+            for r in rows
+            if isinstance(r.metrics.get(key), int | float)
+        ]
+        weight = sum(w for _, w in vals)
+        if weight:
+            out[key] = sum(v * w for v, w in vals) / weight
+    return out
+
+
+def _parse_update_metadata(meta: dict[str, str], spec: FederationSpec) -> tuple[int, dict[str, Any]]:
+    """num_samples and metrics from an update's safetensors metadata, checked."""
+    if meta.get("format") != wire.FORMAT:
+        raise Invalid(f"metadata 'format' must be '{wire.FORMAT}' (got {meta.get('format')!r})")
+    method = meta.get("method")
+    if method is not None and method != spec.method:
+        raise Invalid(f"update was made with method '{method}', the federation uses '{spec.method}'")
+    fingerprint = meta.get("model_fingerprint")
+    if spec.model_fingerprint and fingerprint and fingerprint != spec.model_fingerprint:
+        raise Invalid(
+            f"update comes from model {fingerprint}; the federation's model is {spec.model_fingerprint}"
+        )
+    try:
+        num_samples = int(meta["num_samples"])
+    except (KeyError, ValueError):
+        raise Invalid(
+            "metadata 'num_samples' (a positive integer) is required in the safetensors header"
+        ) from None
+    if num_samples < 1 or num_samples > 10**12:
+        raise Invalid(f"metadata 'num_samples' must be a positive integer, got {num_samples}")
+    metrics: dict[str, Any] = {}
+    if "metrics" in meta:
+        try:
+            metrics = json.loads(meta["metrics"])
+        except json.JSONDecodeError:
+            raise Invalid("metadata 'metrics' must be a JSON object") from None
+        if not isinstance(metrics, dict) or not all(
+            isinstance(v, int | float) and math.isfinite(v) for v in metrics.values()
+        ):
+            raise Invalid("metadata 'metrics' must be a JSON object of finite numbers")
+    return num_samples, metrics
+
+
+def validate_spec(payload: Any) -> FederationSpec:
+    """Parse a federation spec, turning validation errors into one readable 422."""
+    try:
+        return FederationSpec.model_validate(payload)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}"
+            for e in exc.errors(include_url=False)
+        )
+        raise Invalid(f"invalid federation spec: {problems}") from None

@@ -1,0 +1,40 @@
+"""Alembic environment: runs against the connection or URL the coordinator hands over."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import text
+
+from coordinator.db import Base, make_engine
+
+config = context.config
+target_metadata = Base.metadata
+_LOCK_ID = 0x6665_6470  # Postgres advisory lock: one migrator at a time across processes
+
+
+def _run(connection) -> None:  # type: ignore[no-untyped-def]
+    context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
+    with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _LOCK_ID})
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    """Migrate using a given connection, or a fresh engine for the configured URL."""
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _run(connection)
+        return
+    engine = make_engine(config.get_main_option("sqlalchemy.url"))
+    with engine.connect() as conn:
+        _run(conn)
+    engine.dispose()
+
+
+if context.is_offline_mode():
+    context.configure(url=config.get_main_option("sqlalchemy.url"), target_metadata=target_metadata)
+    with context.begin_transaction():
+        context.run_migrations()
+else:
+    run_migrations_online()

