@@ -358,7 +358,8 @@ class Coordinator:
         """Open round `number` (attempt `attempt`) with a fresh seeded selection, if enough clients."""
         spec = self.spec_of(fed)
         available = self._available_clients(s, fed, spec)
-        if len(available) < spec.min_clients:
+        needed = spec.min_clients if number > 1 else (spec.expected_clients or spec.min_clients)
+        if len(available) < needed:
             fed.state = "waiting"
             return None
         chosen = select_clients(
@@ -430,7 +431,8 @@ class Coordinator:
                 available = len(self._available_clients(s, fed, spec))
                 raise Conflict(
                     f"cannot open a round: {available} client(s) available, the federation needs "
-                    f"min_clients={spec.min_clients}; enrol more workers"
+                    f"{spec.min_clients} (min_clients) or {spec.expected_clients} (expected_clients) for round 1; "
+                    "enrol more workers"
                 )
             rid = rnd.id
         return self.round_detail(fid, rid=rid)
@@ -765,25 +767,19 @@ class Coordinator:
                     Update.round_id.in_([r.id for r in attempts]), Update.client_id == client.id
                 )
             ).all()
-            mine = {u.round_id: u for u in previous}
-            if current.id in mine:
-                if mine[current.id].sha256 == digest:  # a retry of an acknowledged upload
-                    upd = mine[current.id]
+            for rnd in attempts:  # an identical re-send of an acknowledged upload: same answer
+                upd = next((u for u in previous if u.round_id == rnd.id), None)
+                if upd is not None and upd.sha256 == digest:
                     return UploadResult(
-                        False, number, current.attempt, client.id, digest, upd.num_samples, upd.size
+                        False, number, rnd.attempt, client.id, digest, upd.num_samples, upd.size
                     )
+            if current.state != "open":
+                raise Gone(f"round {number} is {current.state}; the current round is {fed.current_round}")
+            if any(u.round_id == current.id for u in previous):
                 raise Conflict(
                     f"client {client.id} already uploaded a different update for round {number}; "
                     "an update cannot be replaced"
                 )
-            if current.state != "open":
-                for rnd in attempts:
-                    upd = mine.get(rnd.id)
-                    if upd is not None and upd.sha256 == digest:
-                        return UploadResult(
-                            False, number, rnd.attempt, client.id, digest, upd.num_samples, upd.size
-                        )
-                raise Gone(f"round {number} is {current.state}; the current round is {fed.current_round}")
             selected = s.scalars(
                 select(Participant).where(
                     Participant.round_id == current.id, Participant.client_id == client.id

@@ -39,6 +39,9 @@ class FederationSpec(BaseModel):
     rounds: int = Field(10, ge=1, le=100000, description="T: number of federated rounds.")
     fraction: float = Field(1.0, description="C: fraction of clients selected per round, in (0, 1].")
     min_clients: int = Field(2, ge=1, description="Wait for this many clients; select at least this many.")
+    expected_clients: int | None = Field(
+        None, ge=1, description="Round 1 waits until this many clients enrolled (default: min_clients)."
+    )
     quorum: int = Field(1, ge=1, description="Updates needed to aggregate at the deadline.")
     round_deadline_s: float = Field(600.0, gt=0, le=7 * 86400)
     availability_timeout_s: float = Field(
@@ -60,6 +63,10 @@ class FederationSpec(BaseModel):
             raise ValueError(
                 f"quorum ({self.quorum}) cannot exceed min_clients ({self.min_clients}): "
                 "a round could never reach it"
+            )
+        if self.expected_clients is not None and self.expected_clients < self.min_clients:
+            raise ValueError(
+                f"expected_clients ({self.expected_clients}) must be at least min_clients ({self.min_clients})"
             )
         if any(not words or any(not w.strip() for w in words) for words in self.verbalizer):
             raise ValueError("every label needs at least one non-empty label word in the verbalizer")

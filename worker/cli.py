@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import typer
 
-app = typer.Typer(help="fedprompt worker: trains a soft prompt locally against a frozen PLM.", no_args_is_help=True)
+app = typer.Typer(
+    help="fedprompt worker: trains a soft prompt locally against a frozen PLM.", no_args_is_help=True
+)
 
 
 def _register() -> None:

@@ -280,13 +280,17 @@ class PromptEngine:
         positions = torch.tensor(encoded.mask_positions, dtype=torch.long)
         return ids.to(self.device), mask.to(self.device), positions.to(self.device)
 
-    def scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask_pos: torch.Tensor) -> torch.Tensor:
+    def scores(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask_pos: torch.Tensor
+    ) -> torch.Tensor:
         """Label scores [batch, num_labels] for encoded inputs, with the soft prompt prepended."""
         batch = input_ids.shape[0]
         embeds = self._backbone.input_embeddings(input_ids)
         prompt = self.prompt.to(embeds.dtype).unsqueeze(0).expand(batch, -1, -1)
         inputs = torch.cat([prompt, embeds], dim=1)
-        ones = torch.ones(batch, self.num_virtual_tokens, dtype=attention_mask.dtype, device=attention_mask.device)
+        ones = torch.ones(
+            batch, self.num_virtual_tokens, dtype=attention_mask.dtype, device=attention_mask.device
+        )
         mask = torch.cat([ones, attention_mask], dim=1)
         rows = torch.arange(batch, device=input_ids.device)
         at = mask_pos + self.num_virtual_tokens
@@ -342,7 +346,9 @@ class PromptEngine:
             optimizer.step()
             value = float(loss.detach())
             if not math.isfinite(value):
-                raise FloatingPointError(f"training loss became {value} at step {step}; lower the learning rate")
+                raise FloatingPointError(
+                    f"training loss became {value} at step {step}; lower the learning rate"
+                )
             losses.append(value)
             if progress is not None:
                 progress(step, steps, value)
@@ -441,7 +447,11 @@ class PromptEngine:
         values: dict[str, torch.Tensor] = {}
         for name, shape in expected.items():
             value = tensors[name]
-            array = value.detach().cpu() if isinstance(value, torch.Tensor) else torch.from_numpy(np.asarray(value))
+            array = (
+                value.detach().cpu()
+                if isinstance(value, torch.Tensor)
+                else torch.from_numpy(np.asarray(value))
+            )
             if tuple(array.shape) != shape:
                 raise PromptError(
                     f"prompt tensor '{name}' has shape {list(array.shape)}; expected {list(shape)} "

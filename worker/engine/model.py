@@ -152,7 +152,9 @@ def describe_config(config: Any, file_hashes: dict[str, str]) -> dict[str, Any]:
         "architecture": architectures[0],
         "model_type": config.model_type,
         "hidden_size": int(getattr(text_config, "hidden_size", 0) or getattr(text_config, "d_model", 0)),
-        "num_layers": int(getattr(text_config, "num_hidden_layers", 0) or getattr(text_config, "num_layers", 0)),
+        "num_layers": int(
+            getattr(text_config, "num_hidden_layers", 0) or getattr(text_config, "num_layers", 0)
+        ),
         "vocab_size": int(getattr(text_config, "vocab_size", 0)),
         "files": dict(sorted(file_hashes.items())),
     }

@@ -37,6 +37,17 @@ class Encoded:
     mask_positions: list[int]
 
 
+def special_affixes(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The special token ids a tokenizer puts before and after a single sequence (BERT: [CLS] / [SEP])."""
+    probe = "hello world"
+    body = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    full = tokenizer(probe, add_special_tokens=True)["input_ids"]
+    for start in range(len(full) - len(body) + 1):
+        if full[start : start + len(body)] == body:
+            return list(full[:start]), list(full[start + len(body) :])
+    raise TemplateError(f"cannot tell which special tokens {type(tokenizer).__name__} adds around a sequence")
+
+
 class Template:
     """A prompt template such as '{text} It was [MASK].' or '{text_a} ? [MASK] , {text_b}'."""
 
@@ -64,11 +75,13 @@ class Template:
         self._pieces = self._split(template)
         # Literal pieces never change, so tokenise them once.
         self._literal_ids: dict[int, list[int]] = {
-            i: self._tokenize([self._with_space(p)])[0] for i, p in enumerate(self._pieces) if p.kind == "literal"
+            i: self._tokenize([self._with_space(p)])[0]
+            for i, p in enumerate(self._pieces)
+            if p.kind == "literal"
         }
-        probe = tokenizer.build_inputs_with_special_tokens([tokenizer.mask_token_id])
-        self._num_special = len(probe) - 1
-        self._body_offset = probe.index(tokenizer.mask_token_id)
+        self._prefix, self._suffix = special_affixes(tokenizer)
+        self._num_special = len(self._prefix) + len(self._suffix)
+        self._body_offset = len(self._prefix)
         # A literal "[MASK]" inside a user's text must not become a second mask.
         self._mask_substitute = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else 0
         fixed = sum(len(ids) for ids in self._literal_ids.values()) + 1 + self._num_special
@@ -162,7 +175,7 @@ class Template:
                 else:
                     mask_at = len(body)
                     body.append(self.tokenizer.mask_token_id)
-            all_ids.append(self.tokenizer.build_inputs_with_special_tokens(body))
+            all_ids.append(self._prefix + body + self._suffix)
             # Special tokens only wrap the body, so the mask moved by the number of leading specials.
             positions.append(self._body_offset + mask_at)
         return Encoded(all_ids, positions)

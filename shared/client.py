@@ -1,0 +1,169 @@
+"""A typed httpx client of the coordinator's REST API, used by workers, the CLI and tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+API = "/api/v1"
+
+
+class ApiError(RuntimeError):
+    """The coordinator answered with an error (problem+json)."""
+
+    def __init__(self, status: int, problem: dict[str, Any]) -> None:
+        self.status = status
+        self.problem = problem
+        super().__init__(f"HTTP {status}: {problem.get('detail') or problem.get('title') or problem}")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A downloaded prompt version."""
+
+    version: int
+    sha256: str
+    blob: bytes
+
+
+class CoordinatorClient:
+    """Thin wrapper over the REST API; the transport is injectable (MockTransport, ASGITransport)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(
+            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
+        )
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.http.close()
+
+    def __enter__(self) -> CoordinatorClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def with_token(self, token: str) -> CoordinatorClient:
+        """A client for the same coordinator that authenticates with another token."""
+        return CoordinatorClient(
+            str(self.http.base_url),
+            token,
+            timeout=self.http.timeout.read or 60.0,
+            transport=self.http._transport,
+        )
+
+    def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        resp = self.http.request(method, path, **kw)
+        if resp.status_code >= 400:
+            try:
+                problem = resp.json()
+            except ValueError:
+                problem = {"detail": resp.text[:500]}
+            raise ApiError(
+                resp.status_code, problem if isinstance(problem, dict) else {"detail": str(problem)}
+            )
+        return resp
+
+    # operator
+    def create_federation(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """POST a federation spec."""
+        return self._call("POST", f"{API}/federations", json=spec).json()
+
+    def federations(self) -> list[dict[str, Any]]:
+        """All federations."""
+        return self._call("GET", f"{API}/federations").json()
+
+    def federation(self, fid: int) -> dict[str, Any]:
+        """One federation's status."""
+        return self._call("GET", f"{API}/federations/{fid}").json()
+
+    def create_enrollment_token(
+        self, fid: int, *, expires_in_s: float | None = None, max_uses: int | None = None
+    ) -> str:
+        """A new enrolment token."""
+        body = {"expires_in_s": expires_in_s, "max_uses": max_uses}
+        return self._call("POST", f"{API}/federations/{fid}/enrollment-tokens", json=body).json()["token"]
+
+    def clients(self, fid: int) -> list[dict[str, Any]]:
+        """Enrolled clients."""
+        return self._call("GET", f"{API}/federations/{fid}/clients").json()
+
+    def revoke_client(self, fid: int, cid: int) -> None:
+        """Revoke a client."""
+        self._call("DELETE", f"{API}/federations/{fid}/clients/{cid}")
+
+    def open_round(self, fid: int) -> dict[str, Any]:
+        """Open the next round now."""
+        return self._call("POST", f"{API}/federations/{fid}/rounds").json()
+
+    def close_round(self, fid: int, number: int) -> dict[str, Any]:
+        """Aggregate the open round now."""
+        return self._call("POST", f"{API}/federations/{fid}/rounds/{number}/close").json()
+
+    def rounds(self, fid: int) -> list[dict[str, Any]]:
+        """Round history."""
+        return self._call("GET", f"{API}/federations/{fid}/rounds").json()
+
+    def pause(self, fid: int) -> dict[str, Any]:
+        """Stop auto-advance."""
+        return self._call("POST", f"{API}/federations/{fid}/pause").json()
+
+    def resume(self, fid: int) -> dict[str, Any]:
+        """Restart auto-advance."""
+        return self._call("POST", f"{API}/federations/{fid}/resume").json()
+
+    def set_initial_prompt(self, fid: int, blob: bytes) -> dict[str, Any]:
+        """Replace prompt version 0 before round 1."""
+        return self._call("PUT", f"{API}/federations/{fid}/prompts/0", content=blob).json()
+
+    # worker
+    def enroll(
+        self, fid: int, enrollment_token: str, *, name: str, num_samples: int, info: dict[str, Any]
+    ) -> dict:
+        """Enrol with an enrolment token → {client_id, token}."""
+        return self._call(
+            "POST",
+            f"{API}/federations/{fid}/clients",
+            json={"name": name, "num_samples": num_samples, "info": info},
+            headers={"Authorization": f"Bearer {enrollment_token}"},
+        ).json()
+
+    def task(self, fid: int, *, wait: float = 0.0) -> dict[str, Any] | None:
+        """The next task, or None (204) after long-polling `wait` seconds."""
+        resp = self._call(
+            "GET",
+            f"{API}/federations/{fid}/task",
+            params={"wait": wait},
+            timeout=self.http.timeout.read + wait,
+        )
+        return None if resp.status_code == 204 else resp.json()
+
+    def prompt(self, fid: int, version: int | str = "latest") -> Prompt:
+        """Download a prompt version."""
+        resp = self._call("GET", f"{API}/federations/{fid}/prompts/{version}")
+        return Prompt(int(resp.headers["X-Prompt-Version"]), resp.headers["X-Prompt-Sha256"], resp.content)
+
+    def upload(self, fid: int, number: int, blob: bytes) -> tuple[int, dict[str, Any]]:
+        """Upload an update → (status, body); 200 means an identical earlier upload."""
+        resp = self._call(
+            "PUT",
+            f"{API}/federations/{fid}/rounds/{number}/update",
+            content=blob,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        return resp.status_code, resp.json()
+
+    def report_evaluation(self, fid: int, number: int, report: dict[str, Any]) -> dict[str, Any]:
+        """Report metrics of the prompt produced by round `number`."""
+        return self._call("POST", f"{API}/federations/{fid}/rounds/{number}/evaluation", json=report).json()

@@ -1,0 +1,42 @@
+"""Fixtures for the coordinator: a migrated database and a service with a controllable clock."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from coordinator.db import make_engine, make_sessionmaker
+from coordinator.migrate import upgrade
+from coordinator.service import Coordinator
+
+
+class FakeClock:
+    """A clock tests move by hand."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator:  # type: ignore[type-arg]
+    upgrade(db_url)
+    eng = make_engine(db_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def service(engine, clock: FakeClock) -> Coordinator:  # type: ignore[no-untyped-def]
+    return Coordinator(make_sessionmaker(engine), clock=clock)

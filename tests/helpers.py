@@ -1,0 +1,118 @@
+"""Test helpers: update blobs, free ports, coordinator processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from shared import wire
+from shared.spec import FederationSpec
+
+ADMIN = "test-admin-token-0123456789abcdef"
+SMALL_SPEC: dict[str, Any] = {
+    "name": "test",
+    "num_virtual_tokens": 4,
+    "hidden_size": 8,
+    "min_clients": 2,
+    "quorum": 1,
+    "rounds": 3,
+    "fraction": 1.0,
+}
+
+
+def random_tensors(spec: FederationSpec | dict[str, Any], seed: int) -> dict[str, np.ndarray]:
+    """Random prompt tensors of the right shapes."""
+    spec = spec if isinstance(spec, FederationSpec) else FederationSpec.model_validate(spec)
+    rng = np.random.default_rng(seed)
+    return {n: rng.standard_normal(s).astype(np.float32) for n, s in spec.tensor_shapes().items()}
+
+
+def update_blob(
+    spec: FederationSpec | dict[str, Any],
+    seed: int,
+    *,
+    num_samples: int = 10,
+    base_version: int | None = None,
+    metrics: dict[str, float] | None = None,
+) -> bytes:
+    """A valid update body for the spec."""
+    meta: dict[str, Any] = {"num_samples": str(num_samples), "method": "prompt_tuning"}
+    if base_version is not None:
+        meta["base_version"] = str(base_version)
+    if metrics is not None:
+        meta["metrics"] = metrics
+    return wire.encode(random_tensors(spec, seed), meta)
+
+
+def free_port() -> int:
+    """An unused loopback port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
+    """Poll /readyz until the service answers 200."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before becoming ready")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} not ready after {timeout}s")
+
+
+def coordinator_cmd() -> list[str]:
+    """The coordinator console script next to this interpreter."""
+    return [str(Path(sys.executable).parent / "fedprompt-coordinator")]
+
+
+@contextmanager
+def coordinator_process(
+    database_url: str, data_dir: Path, *, port: int | None = None, extra_env: dict[str, str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A real `fedprompt-coordinator serve` process on a loopback port."""
+    port = port or free_port()
+    env = {
+        **os.environ,
+        "FEDPROMPT_DATABASE_URL": database_url,
+        "FEDPROMPT_ADMIN_TOKEN": ADMIN,
+        "FEDPROMPT_DATA_DIR": str(data_dir),
+        "FEDPROMPT_SWEEP_INTERVAL_S": "0.2",
+        **(extra_env or {}),
+    }
+    log = open(data_dir / f"coordinator-{port}.log", "ab")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [*coordinator_cmd(), "serve", "--port", str(port), "--log-level", "warning"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc=proc)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
