@@ -1,0 +1,218 @@
+"""Data loading: packed data sets by name or path, users' tables, and errors that name file and line."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from worker.data import (
+    DATASETS_ENV,
+    PRESETS,
+    DataError,
+    Example,
+    datasets_dir,
+    load_dataset,
+    load_table,
+    preset_for,
+    project_root,
+)
+
+
+def write_packed(root: Path, name: str, task: str = "single", rows: list[dict[str, Any]] | None = None) -> Path:
+    """A packed data set folder: meta.json plus train/test JSONL.gz."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "meta.json").write_text(json.dumps({"task": task, "labels": ["neg", "pos"]}))
+    rows = rows or [{"text": "bad", "label": 0}, {"text": "good", "label": 1}, {"text": "fine", "label": 1}]
+    for split in ("train", "test"):
+        with gzip.open(folder / f"{split}.jsonl.gz", "wt", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in rows)
+    return folder
+
+
+def test_load_dataset_by_name_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_packed(tmp_path, "toy")
+    monkeypatch.setenv(DATASETS_ENV, str(tmp_path))
+
+    data = load_dataset("toy", "test")
+
+    assert data.examples == [Example("bad", 0), Example("good", 1), Example("fine", 1)]
+    assert (data.label_names, data.task, data.name) == (["neg", "pos"], "single", "toy")
+    assert data.labels == [0, 1, 1]
+    assert data.label_counts() == [1, 2]
+
+
+def test_load_dataset_by_path_and_explicit_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(DATASETS_ENV, raising=False)
+    folder = write_packed(tmp_path, "toy")
+
+    assert len(load_dataset(folder)) == 3
+    assert len(load_dataset("toy", datasets_dir=tmp_path)) == 3
+
+
+def test_load_pair_dataset(tmp_path: Path) -> None:
+    rows = [{"text_a": "q?", "text_b": "a.", "label": 0}, {"text_a": "x", "text_b": "y", "label": 1}]
+    write_packed(tmp_path, "pairs", task="pair", rows=rows)
+
+    data = load_dataset("pairs", datasets_dir=tmp_path)
+
+    assert data.task == "pair"
+    assert data.examples[0] == Example("q?", 0, text_b="a.")
+
+
+def test_default_datasets_dir_is_next_to_the_project(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(DATASETS_ENV, raising=False)
+
+    assert (project_root() / "pyproject.toml").is_file()
+    assert datasets_dir() == project_root().parent / "shared" / "datasets"
+
+
+def test_real_sst2_test_split_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(DATASETS_ENV, raising=False)
+    if not (datasets_dir() / "sst2").is_dir():
+        pytest.skip("the shared data sets are not next to this checkout")
+
+    data = load_dataset("sst2", "test")
+
+    assert len(data) == 872
+    assert data.label_names == ["negative", "positive"]
+    assert data.label_counts() == [428, 444]
+
+
+def test_unknown_dataset_name_lists_the_available_ones(tmp_path: Path) -> None:
+    write_packed(tmp_path, "toy")
+
+    with pytest.raises(DataError, match=r"no data set named 'nope' in .*available: toy"):
+        load_dataset("nope", datasets_dir=tmp_path)
+
+
+def test_dataset_label_out_of_range_names_file_and_line(tmp_path: Path) -> None:
+    write_packed(tmp_path, "toy", rows=[{"text": "a", "label": 0}, {"text": "b", "label": 5}])
+
+    with pytest.raises(DataError, match=r"train\.jsonl\.gz:2: label id 5 is out of range"):
+        load_dataset("toy", datasets_dir=tmp_path)
+
+
+def test_sample_is_seeded_and_limited(tmp_path: Path) -> None:
+    rows = [{"text": str(i), "label": i % 2} for i in range(50)]
+    write_packed(tmp_path, "toy", rows=rows)
+    data = load_dataset("toy", datasets_dir=tmp_path)
+
+    a, b, c = data.sample(10, seed=1), data.sample(10, seed=1), data.sample(10, seed=2)
+
+    assert len(a) == 10 and a.examples == b.examples and a.examples != c.examples
+    assert data.sample(None) is data
+
+
+# ---------------------------------------------------------------- users' tables
+
+
+def test_csv_with_label_names_and_quoted_multiline_text(tmp_path: Path) -> None:
+    path = tmp_path / "mine.csv"
+    path.write_text('review,sentiment\n"great, really",pos\n"two\nlines",neg\n')
+
+    data = load_table(path, "review", "sentiment", label_names=["neg", "pos"])
+
+    assert data.examples == [Example("great, really", 1), Example("two\nlines", 0)]
+    assert data.label_names == ["neg", "pos"]
+
+
+def test_csv_label_names_are_inferred_sorted(tmp_path: Path) -> None:
+    path = tmp_path / "mine.csv"
+    path.write_text("text,label\na,spam\nb,ham\nc,spam\n")
+
+    data = load_table(path, "text", "label")
+
+    assert data.label_names == ["ham", "spam"]
+    assert data.labels == [1, 0, 1]
+
+
+def test_tsv_with_int_labels_and_pairs(tmp_path: Path) -> None:
+    path = tmp_path / "pairs.tsv"
+    path.write_text("q\ts\ty\nwho?\tme.\t1\nwhy?\tno.\t0\n")
+
+    data = load_table(path, "q", "y", text_b_column="s")
+
+    assert data.task == "pair"
+    assert data.examples == [Example("who?", 1, "me."), Example("why?", 0, "no.")]
+    assert data.label_names == ["0", "1"]
+
+
+def test_jsonl_gz_table(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl.gz"
+    with gzip.open(path, "wt") as fh:
+        fh.write('{"t": "x", "l": 1}\n\n{"t": "y", "l": "neg"}\n')
+
+    data = load_table(path, "t", "l", label_names=["neg", "pos"])
+
+    assert data.examples == [Example("x", 1), Example("y", 0)]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "kwargs", "message"),
+    [
+        ("bad.jsonl", '{"t": "a", "l": 0}\n{"t": "b", "l": 1}\n{"t": "c", "l": \n', {}, r"bad\.jsonl:3: not valid JSON"),
+        ("list.jsonl", '{"t": "a", "l": 0}\n[1, 2]\n', {}, r"list\.jsonl:2: expected a JSON object"),
+        ("miss.jsonl", '{"t": "a", "l": 0}\n{"t": "b"}\n', {}, r"miss\.jsonl:2: missing column\(s\) l"),
+        ("unk.csv", "t,l\na,pos\nb,maybe\n", {"label_names": ["neg", "pos"]}, r"unk\.csv:3: unknown label 'maybe'"),
+        ("range.csv", "t,l\na,0\nb,1\nc,2\n", {"label_names": ["neg", "pos"]}, r"range\.csv:4: label id 2"),
+        ("fields.csv", "t,l\na,0\nb,1,extra\n", {}, r"fields\.csv:3: expected 2 fields"),
+        ("nocol.csv", "text,label\na,0\n", {}, r"nocol\.csv:2: missing column\(s\) t, l"),
+        ("multi.csv", 't,l\n"one\ntwo",0\nb\n', {}, r"multi\.csv:4: expected 2 fields"),
+        ("null.jsonl", '{"t": null, "l": 0}\n', {}, r"null\.jsonl:1: column 't' must be a string"),
+        ("mixed.csv", "t,l\na,0\nb,pos\n", {}, r"mixed\.csv: labels mix ids"),
+        ("empty.csv", "", {}, r"empty\.csv: the file is empty"),
+        ("data.parquet", "x", {}, r"data\.parquet: unsupported file type"),
+    ],
+)
+def test_table_errors_name_file_and_line(
+    tmp_path: Path, name: str, content: str, kwargs: dict[str, Any], message: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(content)
+
+    with pytest.raises(DataError, match=message):
+        load_table(path, "t", "l", **kwargs)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="no such file"):
+        load_table(tmp_path / "absent.csv", "t", "l")
+
+
+def test_data_error_is_a_value_error() -> None:
+    assert issubclass(DataError, ValueError)
+
+
+# ---------------------------------------------------------------- presets
+
+
+def test_every_packed_dataset_has_a_fitting_preset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(DATASETS_ENV, raising=False)
+    root = datasets_dir()
+    if not root.is_dir():
+        pytest.skip("the shared data sets are not next to this checkout")
+    from transformers import AutoTokenizer
+
+    from worker.engine import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("all-MiniLM-L6-v2"))
+    for folder in sorted(p for p in root.iterdir() if (p / "meta.json").is_file()):
+        meta = json.loads((folder / "meta.json").read_text())
+        preset = preset_for(folder.name, meta["task"])
+        assert folder.name in PRESETS
+        assert len(preset.verbalizer) == len(meta["labels"]), folder.name
+        assert ("{text_a}" in preset.template) == (meta["task"] == "pair"), folder.name
+        for words in preset.verbalizer:
+            for word in words:
+                # A label word read by its first sub-token only should be a whole WordPiece token.
+                assert len(tokenizer.tokenize(word)) == 1, (folder.name, word)
+
+
+def test_unknown_single_dataset_has_no_preset() -> None:
+    with pytest.raises(KeyError, match="--template"):
+        preset_for("my-own", "single")
