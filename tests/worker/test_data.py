@@ -22,7 +22,9 @@ from worker.data import (
 )
 
 
-def write_packed(root: Path, name: str, task: str = "single", rows: list[dict[str, Any]] | None = None) -> Path:
+def write_packed(
+    root: Path, name: str, task: str = "single", rows: list[dict[str, Any]] | None = None
+) -> Path:
     """A packed data set folder: meta.json plus train/test JSONL.gz."""
     folder = root / name
     folder.mkdir(parents=True)
@@ -155,10 +157,20 @@ def test_jsonl_gz_table(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "content", "kwargs", "message"),
     [
-        ("bad.jsonl", '{"t": "a", "l": 0}\n{"t": "b", "l": 1}\n{"t": "c", "l": \n', {}, r"bad\.jsonl:3: not valid JSON"),
+        (
+            "bad.jsonl",
+            '{"t": "a", "l": 0}\n{"t": "b", "l": 1}\n{"t": "c", "l": \n',
+            {},
+            r"bad\.jsonl:3: not valid JSON",
+        ),
         ("list.jsonl", '{"t": "a", "l": 0}\n[1, 2]\n', {}, r"list\.jsonl:2: expected a JSON object"),
         ("miss.jsonl", '{"t": "a", "l": 0}\n{"t": "b"}\n', {}, r"miss\.jsonl:2: missing column\(s\) l"),
-        ("unk.csv", "t,l\na,pos\nb,maybe\n", {"label_names": ["neg", "pos"]}, r"unk\.csv:3: unknown label 'maybe'"),
+        (
+            "unk.csv",
+            "t,l\na,pos\nb,maybe\n",
+            {"label_names": ["neg", "pos"]},
+            r"unk\.csv:3: unknown label 'maybe'",
+        ),
         ("range.csv", "t,l\na,0\nb,1\nc,2\n", {"label_names": ["neg", "pos"]}, r"range\.csv:4: label id 2"),
         ("fields.csv", "t,l\na,0\nb,1,extra\n", {}, r"fields\.csv:3: expected 2 fields"),
         ("nocol.csv", "text,label\na,0\n", {}, r"nocol\.csv:2: missing column\(s\) t, l"),
