@@ -196,6 +196,11 @@ class Coordinator:
             }
         return out
 
+    def federation_spec(self, fid: int) -> dict[str, Any]:
+        """The federation's spec as JSON."""
+        with self.sessions() as s:
+            return dict(self._federation(s, fid).spec)
+
     def set_paused(self, fid: int, paused: bool) -> dict[str, Any]:
         """Pause (no new rounds open automatically) or resume (open the next round if due)."""
         with self._tx() as s:

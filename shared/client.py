@@ -13,9 +13,10 @@ API = "/api/v1"
 class ApiError(RuntimeError):
     """The coordinator answered with an error (problem+json)."""
 
-    def __init__(self, status: int, problem: dict[str, Any]) -> None:
+    def __init__(self, status: int, problem: dict[str, Any], retry_after: float | None = None) -> None:
         self.status = status
         self.problem = problem
+        self.retry_after = retry_after
         super().__init__(f"HTTP {status}: {problem.get('detail') or problem.get('title') or problem}")
 
 
@@ -128,6 +129,10 @@ class CoordinatorClient:
         return self._call("PUT", f"{API}/federations/{fid}/prompts/0", content=blob).json()
 
     # worker
+    def spec(self, fid: int) -> dict[str, Any]:
+        """The federation's spec (admin or client token)."""
+        return self._call("GET", f"{API}/federations/{fid}/spec").json()
+
     def enroll(
         self, fid: int, enrollment_token: str, *, name: str, num_samples: int, info: dict[str, Any]
     ) -> dict:

@@ -2,11 +2,119 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
 app = typer.Typer(
     help="fedprompt worker: trains a soft prompt locally against a frozen PLM.", no_args_is_help=True
 )
+
+
+@app.command()
+def serve(
+    coordinator: Annotated[str, typer.Option(envvar="FEDPROMPT_COORDINATOR", help="Coordinator base URL.")],
+    federation: Annotated[int, typer.Option(envvar="FEDPROMPT_FEDERATION", help="Federation id.")],
+    data: Annotated[
+        str, typer.Option(help="Data set name (shared/datasets), folder, or CSV/TSV/JSONL file.")
+    ],
+    enrollment_token: Annotated[
+        str | None, typer.Option(envvar="FEDPROMPT_ENROLLMENT_TOKEN", help="Needed only for the first start.")
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option(help="Client name shown to the operator (default: host name).")
+    ] = None,
+    state_dir: Annotated[Path, typer.Option(help="Credentials and unacknowledged updates.")] = Path(
+        "worker-state"
+    ),
+    host: Annotated[str, typer.Option(help="Bind address of /healthz, /status, /metrics.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port of the worker's own API.")] = 8100,
+    partition: Annotated[str, typer.Option(help="iid | quantity:ALPHA | label:ALPHA (simulation).")] = "iid",
+    num_partitions: Annotated[int, typer.Option(min=1, help="K: into how many parts the data is cut.")] = 1,
+    partition_id: Annotated[int, typer.Option(min=0, help="Which part is this worker's.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of partitioning and limits.")] = 0,
+    train_limit: Annotated[
+        int | None, typer.Option(min=1, help="Use a seeded subset of the train split.")
+    ] = None,
+    eval_limit: Annotated[
+        int | None, typer.Option(min=1, help="Use a seeded subset of the test split.")
+    ] = None,
+    eval_fraction: Annotated[
+        float | None,
+        typer.Option(help="Hold out this fraction of the shard for evaluation (default: test split)."),
+    ] = None,
+    text_column: Annotated[str, typer.Option(help="Text column of a CSV/TSV/JSONL file.")] = "text",
+    label_column: Annotated[str, typer.Option(help="Label column of a CSV/TSV/JSONL file.")] = "label",
+    text_b_column: Annotated[str | None, typer.Option(help="Second text column (sentence pairs).")] = None,
+    labels: Annotated[str | None, typer.Option(help="Comma-separated label names, in id order.")] = None,
+    device: Annotated[str, typer.Option(help="auto (CUDA when available) | cpu | cuda.")] = "auto",
+    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch.")] = None,
+    poll_wait: Annotated[float, typer.Option(help="Long-poll seconds per task request.")] = 20.0,
+    slots_dir: Annotated[
+        Path | None, typer.Option(help="Shared lock folder limiting concurrent training.")
+    ] = None,
+    slots: Annotated[int, typer.Option(help="How many workers sharing --slots-dir may train at once.")] = 0,
+    log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
+) -> None:
+    """Enrol with the coordinator, then train and evaluate the global prompt on local data."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    logging.basicConfig(
+        level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll drowns the worker's own log
+    import uvicorn
+
+    from worker.agent import Agent, AgentConfig
+    from worker.app import WorkerMetrics, create_app
+    from worker.data import DataError
+    from worker.shards import ShardSpec, load_shard
+
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    try:
+        train, evaluation, _ = load_shard(
+            ShardSpec(
+                data=data,
+                partition=partition,
+                num_partitions=num_partitions,
+                partition_id=partition_id,
+                seed=seed,
+                train_limit=train_limit,
+                eval_limit=eval_limit,
+                eval_fraction=eval_fraction,
+                text_column=text_column,
+                label_column=label_column,
+                text_b_column=text_b_column,
+                label_names=tuple(x.strip() for x in labels.split(",")) if labels else None,
+            )
+        )
+    except (DataError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    agent = Agent(
+        AgentConfig(
+            coordinator=coordinator,
+            federation_id=federation,
+            enrollment_token=enrollment_token,
+            name=name or f"{socket.gethostname()}-{partition_id}",
+            state_dir=state_dir,
+            device=device,
+            poll_wait=poll_wait,
+            slots_dir=slots_dir,
+            slots=slots,
+            num_threads=threads,
+        ),
+        train,
+        evaluation,
+    )
+    uvicorn.run(create_app(agent, WorkerMetrics()), host=host, port=port, log_level="warning")
 
 
 def _register() -> None:

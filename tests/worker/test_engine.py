@@ -35,7 +35,7 @@ def tokenizer() -> Any:
 
 
 def tiny_config(tokenizer: Any, layers: int = 2) -> BertConfig:
-    """A 32-dim BERT over the MiniLM vocabulary."""
+    """A 32-dim BERT over the MiniLM vocabulary (weights large enough that the prompt moves the output)."""
     return BertConfig(
         vocab_size=len(tokenizer),
         hidden_size=32,
@@ -43,6 +43,7 @@ def tiny_config(tokenizer: Any, layers: int = 2) -> BertConfig:
         num_attention_heads=2,
         intermediate_size=64,
         max_position_embeddings=128,
+        initializer_range=0.2,
     )
 
 
@@ -133,13 +134,14 @@ def test_prompt_is_prepended_before_all_tokens(tokenizer: Any) -> None:
     assert mask.sum(dim=1).tolist() == [NV + n for n in lengths]
 
 
-def test_training_reduces_the_loss_on_its_data(tokenizer: Any) -> None:
-    engine = make_engine(tokenizer)
+@pytest.mark.parametrize("head", ["mlm", "tied-embeddings"])
+def test_training_reduces_the_loss_on_its_data(tokenizer: Any, head: str) -> None:
+    engine = make_engine(tokenizer, head=head)
     before = engine.evaluate(EXAMPLES).loss
 
     result = engine.train(EXAMPLES, steps=30, batch_size=8, lr=0.3)
 
-    assert engine.evaluate(EXAMPLES).loss < before - 0.05
+    assert engine.evaluate(EXAMPLES).loss < before - 0.2
     assert result.steps == 30
     assert result.num_examples == len(EXAMPLES)
     assert result.seconds > 0 and np.isfinite(result.mean_loss) and np.isfinite(result.last_loss)

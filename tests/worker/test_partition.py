@@ -40,7 +40,23 @@ def test_iid_is_seeded() -> None:
 def test_iid_is_shuffled_not_contiguous() -> None:
     parts = iid(100, 4, seed=0)
 
-    assert parts[0] != list(range(25))
+    assert sorted(parts[0]) != list(range(25))
+    assert parts[0] != sorted(parts[0])
+
+
+def test_one_client_gets_a_seeded_permutation() -> None:
+    (only,) = iid(20, 1, seed=3)
+
+    assert sorted(only) == list(range(20))
+    assert only != list(range(20))
+    assert only == iid(20, 1, seed=3)[0]
+
+
+@pytest.mark.parametrize("scheme", ["quantity:1", "label:1"])
+def test_skewed_client_lists_are_shuffled(scheme: str) -> None:
+    parts = partition(LABELS, scheme, 2, seed=0)
+
+    assert all(p != sorted(p) for p in parts)
 
 
 def test_quantity_skew_with_small_alpha_is_unequal() -> None:

@@ -43,7 +43,12 @@ def enroll(fid: int, body: EnrollRequest, token: TokenDep, service: ServiceDep) 
     client, client_token = service.enroll(
         fid, token, name=body.name, num_samples=body.num_samples, info=body.info
     )
-    return {"client_id": client.id, "token": client_token, "federation_id": fid}
+    return {
+        "client_id": client.id,
+        "token": client_token,
+        "federation_id": fid,
+        "spec": service.federation_spec(fid),
+    }
 
 
 @router.get("/clients", dependencies=[AdminDep])

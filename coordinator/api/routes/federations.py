@@ -56,6 +56,13 @@ def events(fid: int, service: ServiceDep, after: int = 0, limit: int = 200) -> l
     return service.events(fid, after=after, limit=min(max(limit, 1), 1000))
 
 
+@router.get("/{fid}/spec")
+def get_spec(fid: int, service: ServiceDep, who: EitherDep) -> dict[str, Any]:
+    """The federation's spec (workers read it to load the right model, template and verbalizer)."""
+    del who  # authentication only: admin or a client of this federation
+    return service.federation_spec(fid)
+
+
 @router.get(
     "/{fid}/prompts/{version}",
     response_class=Response,

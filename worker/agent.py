@@ -1,0 +1,373 @@
+"""The worker's agent loop: enrol, poll for tasks, evaluate and train the prompt, upload.
+
+It pulls; the coordinator never calls a worker. Network faults are retried with exponential
+backoff and jitter (tenacity), honouring Retry-After. A finished update is written to the state
+directory before the first upload attempt and re-sent until the coordinator acknowledges it —
+the coordinator answers an identical re-upload with 200, so re-sending is always safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_never, wait_random_exponential
+
+from shared import wire
+from shared.client import ApiError, CoordinatorClient
+from shared.spec import FederationSpec
+from worker.data import Example
+from worker.slots import training_slot
+from worker.state import Credentials, StateDir
+
+log = logging.getLogger("fedprompt.worker")
+T = TypeVar("T")
+
+
+class Stopped(Exception):
+    """The worker is shutting down."""
+
+
+class FatalWorkerError(RuntimeError):
+    """A problem retrying cannot fix (wrong model, refused enrolment); the message says what to do."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Network errors, 5xx, 429 and 408 are worth retrying; other 4xx are answers."""
+    if isinstance(exc, httpx.TransportError):
+        return True
+    return isinstance(exc, ApiError) and (exc.status >= 500 or exc.status in (408, 429))
+
+
+def _wait(state: RetryCallState) -> float:
+    exc = state.outcome.exception() if state.outcome else None
+    retry_after = getattr(exc, "retry_after", None)
+    backoff = wait_random_exponential(multiplier=0.5, max=20)(state)
+    return max(float(retry_after), backoff) if retry_after else backoff
+
+
+@dataclass
+class WorkerStatus:
+    """What /status shows."""
+
+    state: str = "starting"
+    client_id: int | None = None
+    federation_id: int | None = None
+    round: int | None = None
+    step: int = 0
+    total_steps: int = 0
+    rounds_trained: list[int] = field(default_factory=list)
+    versions_evaluated: list[int] = field(default_factory=list)
+    last_train: dict[str, Any] | None = None
+    last_eval: dict[str, Any] | None = None
+    last_error: str | None = None
+    num_train: int = 0
+    num_eval: int = 0
+    device: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready copy."""
+        return dict(self.__dict__, rounds_trained=list(self.rounds_trained))
+
+
+@dataclass
+class AgentConfig:
+    """Everything the agent needs besides its data."""
+
+    coordinator: str
+    federation_id: int
+    enrollment_token: str | None
+    name: str
+    state_dir: Path
+    device: str = "auto"
+    poll_wait: float = 20.0
+    slots_dir: Path | None = None
+    slots: int = 0
+    num_threads: int | None = None
+    eval_batch_size: int = 64
+
+
+class Agent:
+    """One worker's loop; `run()` blocks until `stop()` or a fatal error."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        train: list[Example],
+        evaluation: list[Example],
+        *,
+        metrics: Any = None,
+        transport: httpx.BaseTransport | None = None,
+        engine_factory: Callable[[FederationSpec, str], Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.train_data = train
+        self.eval_data = evaluation
+        self.metrics = metrics
+        self.transport = transport
+        self.engine_factory = engine_factory or _load_engine
+        self.status = WorkerStatus(
+            federation_id=config.federation_id, num_train=len(train), num_eval=len(evaluation)
+        )
+        self.state = StateDir(config.state_dir)
+        self._stop = threading.Event()
+        self.engine: Any = None
+        self.spec: FederationSpec | None = None
+        self.client: CoordinatorClient | None = None
+
+    # -- control ------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the loop to finish at the next opportunity (also interrupts training)."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        """True once stop() was called."""
+        return self._stop.is_set()
+
+    def _retry(self, what: str, fn: Callable[[], T], *, forever: bool = False) -> T:
+        def before_sleep(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            self.status.last_error = f"{what}: {exc}"
+            log.warning("%s failed (%s); retrying", what, exc)
+            if self._stop.is_set():
+                raise Stopped()
+
+        retrying = Retrying(
+            retry=retry_if_exception(is_transient),
+            wait=_wait,
+            stop=stop_never if forever else _stop_after(self._stop, 8),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        return retrying(fn)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Enrol (or reuse credentials), load the model, then serve tasks until stopped."""
+        try:
+            self._setup()
+            self._resend_pending()
+            while not self._stop.is_set():
+                self._step()
+        except Stopped:
+            pass
+        except FatalWorkerError as exc:
+            self.status.state, self.status.last_error = "error", str(exc)
+            log.error("%s", exc)
+            raise
+        finally:
+            if self.status.state != "error":
+                self.status.state = "stopped" if self._stop.is_set() else self.status.state
+            if self.client is not None:
+                self.client.close()
+
+    def _setup(self) -> None:
+        cfg = self.config
+        creds = self.state.load_credentials(cfg.coordinator, cfg.federation_id)
+        if creds is None:
+            if not cfg.enrollment_token:
+                raise FatalWorkerError(
+                    f"no saved credentials in {self.state.credentials_path} and no enrolment token; "
+                    "pass --enrollment-token"
+                )
+            self.status.state = "enrolling"
+            anon = CoordinatorClient(cfg.coordinator, transport=self.transport)
+            try:
+                enrolled = self._retry(
+                    "enrol",
+                    lambda: anon.enroll(
+                        cfg.federation_id,
+                        cfg.enrollment_token or "",
+                        name=cfg.name,
+                        num_samples=len(self.train_data),
+                        info={"num_eval": len(self.eval_data)},
+                    ),
+                )
+            except ApiError as exc:
+                raise FatalWorkerError(f"enrolment refused: {exc}") from None
+            finally:
+                anon.close()
+            creds = Credentials(cfg.coordinator, cfg.federation_id, enrolled["client_id"], enrolled["token"])
+            self.state.save_credentials(creds)
+            log.info("enrolled as client %s", creds.client_id)
+        self.status.client_id = creds.client_id
+        self.client = CoordinatorClient(cfg.coordinator, creds.token, transport=self.transport)
+        try:
+            spec_json = self._retry("read spec", lambda: self.client.spec(cfg.federation_id))  # type: ignore[union-attr]
+        except ApiError as exc:
+            raise FatalWorkerError(f"cannot read the federation: {exc}") from None
+        self.spec = FederationSpec.model_validate(spec_json)
+        self.status.state = "loading"
+        self.engine = self.engine_factory(self.spec, cfg.device)
+        self.status.device = str(getattr(self.engine, "device", "cpu"))
+        self._check_model()
+        self.status.state = "idle"
+
+    def _check_model(self) -> None:
+        spec, engine = self.spec, self.engine
+        assert spec is not None
+        if engine.tensor_shapes() != spec.tensor_shapes():
+            raise FatalWorkerError(
+                f"the local model '{spec.model}' gives prompt shapes {engine.tensor_shapes()}, the federation "
+                f"expects {spec.tensor_shapes()} (hidden_size={spec.hidden_size}); load the federation's model"
+            )
+        if spec.model_fingerprint and engine.fingerprint != spec.model_fingerprint:
+            raise FatalWorkerError(
+                f"the local model's fingerprint {engine.fingerprint} differs from the federation's "
+                f"{spec.model_fingerprint}; load exactly '{spec.model}'"
+            )
+
+    # -- tasks --------------------------------------------------------------------------------
+
+    def _step(self) -> None:
+        assert self.client is not None
+        fid = self.config.federation_id
+        try:
+            task = self._retry("poll", lambda: self.client.task(fid, wait=self.config.poll_wait))  # type: ignore[union-attr]
+        except ApiError as exc:
+            if exc.status in (401, 403):
+                raise FatalWorkerError(f"the coordinator refuses this worker: {exc}") from None
+            raise
+        if task is None:
+            return
+        kind = task["kind"]
+        if kind == "evaluate":
+            self._evaluate(task)
+        elif kind == "train":
+            self._train(task)
+        elif kind == "done":
+            self.status.state = "done"
+            self._stop.wait(5.0)
+
+    def _download(self, version: int, sha256: str) -> bytes:
+        assert self.client is not None
+        prompt = self._retry("download", lambda: self.client.prompt(self.config.federation_id, version))  # type: ignore[union-attr]
+        if wire.sha256(prompt.blob) != sha256 or prompt.sha256 != sha256:
+            raise ApiError(502, {"detail": f"prompt version {version} failed its sha256 check"})
+        return prompt.blob
+
+    def _evaluate(self, task: dict[str, Any]) -> None:
+        version = int(task["version"])
+        self.status.state = "evaluating"
+        self.engine.load_prompt(self._download(version, task["sha256"]))
+        if not self.eval_data:
+            report = {"num_samples": 1, "accuracy": 0.0, "metrics": {"no_eval_data": 1.0}}
+        else:
+            result = self.engine.evaluate(self.eval_data, batch_size=self.config.eval_batch_size)
+            report = {"num_samples": result.n, "accuracy": result.accuracy, "loss": result.loss}
+            self.status.last_eval = {"version": version, **report}
+            if self.metrics is not None:
+                self.metrics.eval_accuracy.set(result.accuracy)
+        self._retry(
+            "report evaluation",
+            lambda: self.client.report_evaluation(self.config.federation_id, version, report),  # type: ignore[union-attr]
+        )
+        self.status.versions_evaluated.append(version)
+        self.status.state = "idle"
+
+    def _train(self, task: dict[str, Any]) -> None:
+        number, version, cfg = int(task["round"]), int(task["version"]), task["config"]
+        self.status.state, self.status.round = "waiting-for-slot", number
+        blob_in = self._download(version, task["sha256"])
+        with training_slot(self.config.slots_dir, self.config.slots, self._stop):
+            self.status.state = "training"
+            self.engine.load_prompt(blob_in)
+            self.status.step, self.status.total_steps = 0, int(cfg["local_steps"])
+            last = [time.perf_counter()]
+
+            def progress(step: int, total: int, loss: float) -> None:
+                now = time.perf_counter()
+                self.status.step = step
+                if self.metrics is not None:
+                    self.metrics.steps.inc()
+                    self.metrics.step_seconds.observe(now - last[0])
+                last[0] = now
+                if self._stop.is_set():
+                    raise Stopped()
+
+            result = self.engine.train(
+                self.train_data,
+                steps=int(cfg["local_steps"]),
+                batch_size=int(cfg["batch_size"]),
+                lr=float(cfg["lr"]),
+                grad_clip=float(cfg.get("grad_clip", 1.0)),
+                seed=_round_seed(int(cfg.get("seed", 0)), number, self.status.client_id or 0),
+                progress=progress,
+            )
+        metrics = {"loss": result.mean_loss, "last_loss": result.last_loss, "seconds": result.seconds}
+        assert self.spec is not None
+        blob = self.engine.save_prompt(
+            {
+                "method": self.spec.method,
+                "model_fingerprint": self.engine.fingerprint,
+                "base_version": str(version),
+                "round": str(number),
+                "num_samples": str(len(self.train_data)),
+                "metrics": metrics,
+            }
+        )
+        self.state.save_pending(number, blob)
+        self.status.last_train = {"round": number, **metrics}
+        self._upload(number, blob)
+        self.status.rounds_trained.append(number)
+        self.status.state = "idle"
+
+    def _upload(self, number: int, blob: bytes) -> None:
+        """Send until acknowledged (2xx) or definitively refused; then forget the pending file."""
+        assert self.client is not None
+        self.status.state = "uploading"
+        try:
+            status, _ = self._retry(
+                f"upload round {number}",
+                lambda: self.client.upload(self.config.federation_id, number, blob),  # type: ignore[union-attr]
+                forever=True,
+            )
+            log.info("round %s update acknowledged (%s)", number, status)
+        except ApiError as exc:
+            # 403/409/410/422: the round moved on or refused this update; keeping it cannot help.
+            log.warning("round %s update refused, dropping it: %s", number, exc)
+            self.status.last_error = f"upload round {number}: {exc}"
+        self.state.clear_pending(number)
+
+    def _resend_pending(self) -> None:
+        for number, blob in self.state.pending():
+            log.info("re-sending the unacknowledged update of round %s", number)
+            self._upload(number, blob)
+
+
+def _stop_after(stop_event: threading.Event, attempts: int) -> Callable[[RetryCallState], bool]:
+    def stop(state: RetryCallState) -> bool:
+        return stop_event.is_set() or state.attempt_number >= attempts
+
+    return stop
+
+
+def _round_seed(seed: int, number: int, client_id: int) -> int:
+    """A per-(federation, round, client) training seed: reproducible, different across clients."""
+    digest = hashlib.sha256(f"{seed}:{number}:{client_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def _load_engine(spec: FederationSpec, device: str) -> Any:
+    """The real engine for a federation spec."""
+    from worker.engine import PromptEngine
+
+    return PromptEngine.load(
+        spec.model,
+        template=spec.template,
+        verbalizer=spec.verbalizer,
+        num_virtual_tokens=spec.num_virtual_tokens,
+        max_length=spec.max_length,
+        seed=spec.seed,
+        device=device,
+    )

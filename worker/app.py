@@ -1,0 +1,87 @@
+"""The worker's FastAPI app: /healthz, /status, /metrics, with the agent loop in its lifespan."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from worker.agent import Agent
+
+log = logging.getLogger("fedprompt.worker")
+
+
+class WorkerMetrics:
+    """Prometheus metrics of one worker (own registry, so tests can build several apps)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.steps = Counter(
+            "fedprompt_worker_training_steps", "Local training steps run.", registry=self.registry
+        )
+        self.step_seconds = Histogram(
+            "fedprompt_worker_step_seconds",
+            "Duration of one local training step.",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
+            registry=self.registry,
+        )
+        self.eval_accuracy = Gauge(
+            "fedprompt_worker_last_accuracy",
+            "Accuracy of the latest global prompt on local held-out data.",
+            registry=self.registry,
+        )
+        self.rounds = Gauge(
+            "fedprompt_worker_rounds_trained", "Rounds this worker trained.", registry=self.registry
+        )
+
+
+def create_app(agent: Agent, metrics: WorkerMetrics) -> FastAPI:
+    """The worker service around an agent; the agent runs in a thread while the app lives."""
+    agent.metrics = metrics
+
+    def run() -> None:
+        try:
+            agent.run()
+        except Exception:  # reported on /status; the service stays up so operators can see why
+            log.exception("worker agent stopped with an error")
+            agent.status.state = "error"
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        thread = threading.Thread(target=run, name="fedprompt-agent", daemon=True)
+        thread.start()
+        yield
+        agent.stop()
+        thread.join(timeout=30)
+
+    app = FastAPI(title="fedprompt worker", version="0.1.0", lifespan=lifespan)
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        """The process is alive."""
+        return {"status": "ok"}
+
+    @app.get("/status")
+    def status() -> dict[str, Any]:
+        """State, current round, training progress, last metrics."""
+        return agent.status.as_dict()
+
+    @app.get("/metrics")
+    def prometheus() -> Response:
+        """Prometheus metrics."""
+        metrics.rounds.set(len(agent.status.rounds_trained))
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,77 @@
+"""Which examples one worker trains and evaluates on: its partition of a data set, or its own file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from worker.data import DataError, Example, TextDataset, iid, load_dataset, load_table, partition
+
+TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".jsonl.gz", ".json")
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """How to cut one worker's data out of a data set."""
+
+    data: str
+    partition: str = "iid"
+    num_partitions: int = 1
+    partition_id: int = 0
+    seed: int = 0
+    train_limit: int | None = None
+    eval_limit: int | None = None
+    eval_fraction: float | None = None
+    text_column: str = "text"
+    label_column: str = "label"
+    text_b_column: str | None = None
+    label_names: tuple[str, ...] | None = None
+    datasets_dir: str | None = None
+
+
+def _hold_out(examples: list[Example], fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
+    """Split off a seeded `fraction` for evaluation."""
+    if not 0 < fraction < 1:
+        raise DataError(f"eval fraction must be in (0, 1); got {fraction}")
+    parts = iid(len(examples), 1, seed)[0]  # a seeded permutation
+    cut = max(1, round(len(parts) * fraction))
+    held = set(parts[:cut])
+    return [e for i, e in enumerate(examples) if i not in held], [
+        e for i, e in enumerate(examples) if i in held
+    ]
+
+
+def load_shard(spec: ShardSpec) -> tuple[list[Example], list[Example], TextDataset]:
+    """(train, eval, the full train split) of worker `partition_id` of `num_partitions`."""
+    if not 0 <= spec.partition_id < spec.num_partitions:
+        raise DataError(f"partition id {spec.partition_id} is outside 0..{spec.num_partitions - 1}")
+    path = Path(spec.data)
+    if path.is_file() or spec.data.endswith(TABLE_SUFFIXES):
+        full = load_table(
+            path,
+            spec.text_column,
+            spec.label_column,
+            spec.text_b_column,
+            list(spec.label_names or []) or None,
+        )
+        test = None
+    else:
+        full = load_dataset(spec.data, "train", spec.datasets_dir)
+        try:
+            test = load_dataset(spec.data, "test", spec.datasets_dir)
+        except DataError:
+            test = None
+    train_set = full.sample(spec.train_limit, spec.seed)
+    parts = partition(train_set.labels, spec.partition, spec.num_partitions, spec.seed)
+    train = [train_set.examples[i] for i in parts[spec.partition_id]]
+    if spec.eval_fraction is not None or test is None:
+        train, evaluation = _hold_out(train, spec.eval_fraction or 0.1, spec.seed + spec.partition_id)
+    else:
+        # Each worker evaluates on its IID share of the test split, so the sample-weighted mean over
+        # all workers is the accuracy on the whole (limited) test split.
+        test_set = test.sample(spec.eval_limit, spec.seed)
+        share = iid(len(test_set), spec.num_partitions, spec.seed)[spec.partition_id]
+        evaluation = [test_set.examples[i] for i in share]
+    if not train:
+        raise DataError(f"worker {spec.partition_id} of {spec.num_partitions} got no training examples")
+    return train, evaluation, full
