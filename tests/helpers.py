@@ -116,3 +116,90 @@ def coordinator_process(
                 proc.kill()
                 proc.wait()
         log.close()
+
+
+def worker_cmd() -> list[str]:
+    """The worker console script next to this interpreter."""
+    return [str(Path(sys.executable).parent / "fedprompt-worker")]
+
+
+def start_worker(
+    coordinator: str,
+    fid: int,
+    token: str | None,
+    index: int,
+    k: int,
+    workdir: Path,
+    *,
+    port: int | None = None,
+    data: str = "sst2",
+    extra: list[str] | None = None,
+) -> tuple[subprocess.Popen, str]:
+    """A real `fedprompt-worker serve` process on a small SST-2 slice; returns (process, its URL)."""
+    port = port or free_port()
+    args = [
+        *worker_cmd(),
+        "serve",
+        "--coordinator",
+        coordinator,
+        "--federation",
+        str(fid),
+        "--data",
+        data,
+        "--num-partitions",
+        str(k),
+        "--partition-id",
+        str(index),
+        "--train-limit",
+        "240",
+        "--eval-limit",
+        "60",
+        "--state-dir",
+        str(workdir / f"worker-{index}"),
+        "--port",
+        str(port),
+        "--threads",
+        "1",
+        "--poll-wait",
+        "1",
+        "--name",
+        f"site-{index}",
+        *(extra or []),
+    ]
+    if token:
+        args += ["--enrollment-token", token]
+    log = open(workdir / f"worker-{index}.log", "ab")  # noqa: SIM115 - owned by the process
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def worker_status(url: str) -> dict[str, Any] | None:
+    """A worker's /status, or None while it is not answering."""
+    try:
+        return httpx.get(f"{url}/status", timeout=2).json()
+    except httpx.HTTPError:
+        return None
+
+
+def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
+    """Poll until predicate() is truthy; fail with `what` after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM, then SIGKILL what is left."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -90,14 +90,16 @@ def train_local_command(
     except DataError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
-    if template is None or verbalizer is None:
+    words = parse_verbalizer(verbalizer) if verbalizer is not None else None
+    tmpl = template
+    if tmpl is None or words is None:
         try:
             preset = preset_for(train.name, train.task)
         except KeyError as exc:
             console.print(f"[red]error:[/red] {exc.args[0]}")
             raise typer.Exit(2) from None
-    words = parse_verbalizer(verbalizer) if verbalizer is not None else preset.verbalizer
-    tmpl = template if template is not None else preset.template
+        tmpl = tmpl if tmpl is not None else preset.template
+        words = words if words is not None else preset.verbalizer
     if len(words) != train.num_labels:
         raise typer.BadParameter(f"verbalizer has {len(words)} labels; {train.name} has {train.num_labels}")
 

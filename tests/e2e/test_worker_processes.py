@@ -1,0 +1,158 @@
+"""Real worker processes (uvicorn, loopback) against a real coordinator, with the real MiniLM and SST-2."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from coordinator.db import Client, Update, make_engine, make_sessionmaker
+from shared import wire
+from shared.client import CoordinatorClient
+from tests.helpers import (
+    ADMIN,
+    coordinator_process,
+    free_port,
+    start_worker,
+    stop_all,
+    wait_for,
+    worker_cmd,
+    worker_status,
+)
+
+pytestmark = pytest.mark.slow
+
+SPEC: dict[str, Any] = {"name": "e2e", "max_length": 48, "batch_size": 8, "lr": 0.3, "quorum": 1}
+
+
+def _rounds_closed(admin: CoordinatorClient, fid: int, n: int) -> bool:
+    return sum(r["state"] == "closed" for r in admin.rounds(fid)) >= n
+
+
+def test_three_workers_two_rounds(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'e2e.db'}"
+    with coordinator_process(db, tmp_path) as (url, _):
+        admin = CoordinatorClient(url, ADMIN)
+        fid = admin.create_federation({**SPEC, "min_clients": 3, "rounds": 2, "local_steps": 4})["id"]
+        token = admin.create_enrollment_token(fid)
+        workers = [start_worker(url, fid, token, i, 3, tmp_path) for i in range(3)]
+        try:
+            wait_for(lambda: admin.federation(fid)["state"] == "completed", 240, "2 rounds to complete")
+            rounds = admin.rounds(fid)
+            assert [(r["round"], r["state"]) for r in rounds] == [(1, "closed"), (2, "closed")]
+            assert all(r["stats"]["updates"] == 3 for r in rounds)
+            versions = [wire.decode(admin.prompt(fid, v).blob)[0]["prompt_embeddings"] for v in (0, 1, 2)]
+            assert not (versions[0] == versions[1]).all() and not (versions[1] == versions[2]).all()
+            statuses = [wait_for(lambda u=u: worker_status(u), 30, "worker status") for _, u in workers]
+            assert all(s["rounds_trained"] == [1, 2] for s in statuses)
+            assert {s["client_id"] for s in statuses} == {c["id"] for c in admin.clients(fid)}
+            ev = wait_for(
+                lambda: (e := admin.rounds(fid)[1]["evaluation"]) and e["clients"] == 3 and e,
+                60,
+                "every worker's evaluation of round 2",
+            )
+            assert ev["num_samples"] == 60 and 0.0 <= ev["accuracy"] <= 1.0
+        finally:
+            stop_all([p for p, _ in workers])
+
+
+def test_worker_killed_during_training_rejoins_without_duplicate(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'kill.db'}"
+    with coordinator_process(db, tmp_path) as (url, _):
+        admin = CoordinatorClient(url, ADMIN)
+        fid = admin.create_federation({**SPEC, "min_clients": 2, "rounds": 1, "local_steps": 40})["id"]
+        token = admin.create_enrollment_token(fid)
+        procs = []
+        try:
+            victim, victim_url = start_worker(url, fid, token, 0, 2, tmp_path)
+            other, _ = start_worker(url, fid, token, 1, 2, tmp_path)
+            procs += [victim, other]
+            wait_for(
+                lambda: (s := worker_status(victim_url)) and s["state"] == "training" and s["step"] >= 2,
+                180,
+                "the worker to be training",
+            )
+            victim.send_signal(signal.SIGKILL)
+            victim.wait(10)
+            # Restart with the same state directory and no enrolment token: it reuses its credentials.
+            again, again_url = start_worker(url, fid, None, 0, 2, tmp_path)
+            procs.append(again)
+            wait_for(lambda: admin.federation(fid)["state"] == "completed", 240, "the round to complete")
+            status = wait_for(lambda: worker_status(again_url), 30, "restarted worker status")
+            assert status["rounds_trained"] == [1]
+        finally:
+            stop_all(procs)
+    engine = make_engine(db)
+    with make_sessionmaker(engine)() as s:
+        assert s.scalar(select(func.count()).select_from(Client)) == 2  # no second enrolment
+        per_client = s.execute(select(Update.client_id, func.count()).group_by(Update.client_id)).all()
+        assert sorted(n for _, n in per_client) == [1, 1]
+    engine.dispose()
+
+
+def test_update_survives_coordinator_downtime(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'down.db'}"
+    port = free_port()
+    procs: list[subprocess.Popen] = []
+    try:
+        with coordinator_process(db, tmp_path, port=port) as (url, coord):
+            admin = CoordinatorClient(url, ADMIN)
+            fid = admin.create_federation(
+                {**SPEC, "min_clients": 2, "rounds": 1, "local_steps": 30, "round_deadline_s": 900}
+            )["id"]
+            token = admin.create_enrollment_token(fid)
+            a, a_url = start_worker(url, fid, token, 0, 2, tmp_path)
+            b, b_url = start_worker(url, fid, token, 1, 2, tmp_path)
+            procs += [a, b]
+            wait_for(
+                lambda: all((s := worker_status(u)) and s["state"] == "training" for u in (a_url, b_url)),
+                180,
+                "both workers to be training",
+            )
+            coord.send_signal(signal.SIGKILL)
+            coord.wait(10)
+        # Both finish training while the coordinator is down and keep retrying their uploads.
+        wait_for(
+            lambda: all((s := worker_status(u)) and s["state"] == "uploading" for u in (a_url, b_url)),
+            180,
+            "both workers to retry their uploads",
+        )
+        assert all(
+            any(p.iterdir()) for p in (tmp_path / "worker-0" / "pending", tmp_path / "worker-1" / "pending")
+        )
+        with coordinator_process(db, tmp_path, port=port) as (url, _):
+            admin = CoordinatorClient(url, ADMIN)
+            wait_for(lambda: admin.federation(fid)["state"] == "completed", 120, "the round to complete")
+            r1 = admin.rounds(fid)[0]
+            assert r1["state"] == "closed" and r1["stats"]["updates"] == 2
+            wait_for(
+                lambda: not any((tmp_path / "worker-0" / "pending").iterdir()), 30, "pending file cleared"
+            )
+    finally:
+        stop_all(procs)
+
+
+def test_malformed_data_file_fails_at_start_with_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "mine.csv"
+    bad.write_text("text,label\ngreat film,1\nbroken row with no label\nfine,0\n")
+    done = subprocess.run(
+        [
+            *worker_cmd(),
+            "serve",
+            "--coordinator",
+            "http://127.0.0.1:9",
+            "--federation",
+            "1",
+            "--data",
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert f"{bad}:3" in done.stderr, done.stderr
