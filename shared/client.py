@@ -116,6 +116,10 @@ class CoordinatorClient:
         """Round history."""
         return self._call("GET", f"{API}/federations/{fid}/rounds").json()
 
+    def evaluation(self, fid: int, version: int) -> dict[str, Any] | None:
+        """Sample-weighted evaluation of a prompt version (None before any report)."""
+        return self._call("GET", f"{API}/federations/{fid}/evaluations/{version}").json()
+
     def pause(self, fid: int) -> dict[str, Any]:
         """Stop auto-advance."""
         return self._call("POST", f"{API}/federations/{fid}/pause").json()

@@ -203,3 +203,19 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def processes_mentioning(text: str) -> list[tuple[int, str]]:
+    """Live processes whose command line contains `text` (reads /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().split(") ", 1)[1][0]
+        except OSError:
+            continue
+        if text in cmdline and state != "Z":
+            found.append((int(entry.name), cmdline))
+    return found

@@ -173,7 +173,7 @@ class Agent:
 
     def _setup(self) -> None:
         cfg = self.config
-        creds = self.state.load_credentials(cfg.coordinator, cfg.federation_id)
+        creds = self.state.load_credentials(cfg.federation_id)
         if creds is None:
             if not cfg.enrollment_token:
                 raise FatalWorkerError(

@@ -44,16 +44,14 @@ class StateDir:
         """Where the client token is kept (0600)."""
         return self.root / "credentials.json"
 
-    def load_credentials(self, coordinator: str, federation_id: int) -> Credentials | None:
-        """Saved credentials for this coordinator and federation, if any."""
+    def load_credentials(self, federation_id: int) -> Credentials | None:
+        """Saved credentials for this federation, if any (the coordinator's address may have moved)."""
         try:
             data = json.loads(self.credentials_path.read_text())
         except FileNotFoundError:
             return None
         creds = Credentials(**data)
-        if creds.coordinator.rstrip("/") != coordinator.rstrip("/") or creds.federation_id != federation_id:
-            return None
-        return creds
+        return creds if creds.federation_id == federation_id else None
 
     def save_credentials(self, creds: Credentials) -> None:
         """Persist credentials before using them, so a crash never loses an enrolment."""

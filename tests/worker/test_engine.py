@@ -492,3 +492,21 @@ def test_cuda_device_is_refused_without_cuda(tokenizer: Any) -> None:
         pytest.skip("this machine has CUDA")
     with pytest.raises(ValueError, match="CUDA is not available"):
         make_engine(tokenizer, device="cuda")
+
+
+@pytest.mark.parametrize(
+    ("missing", "head"),
+    [
+        (set(), "mlm"),
+        ({"cls.predictions.decoder.bias"}, "mlm"),  # a tied copy of cls.predictions.bias
+        ({"bert.embeddings.position_ids"}, "mlm"),
+        ({"cls.predictions.transform.dense.weight", "cls.predictions.bias"}, "tied-embeddings"),
+    ],
+)
+def test_missing_head_weights_decide_the_scoring(tokenizer: Any, missing: set[str], head: str) -> None:
+    from worker.engine.model import split_masked_lm
+
+    backbone = split_masked_lm(tiny_mlm(tokenizer), missing)
+
+    assert backbone.head == head
+    assert (backbone.mlm_head is None) == (head == "tied-embeddings")

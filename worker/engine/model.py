@@ -84,7 +84,9 @@ def _head_module(model: nn.Module) -> nn.Module | None:
 def split_masked_lm(model: nn.Module, missing_keys: set[str] | list[str] | None = None) -> Backbone:
     """Split a *ForMaskedLM model into encoder + head; fall back to tied embeddings when the head was not loaded."""
     base_prefix = getattr(model, "base_model_prefix", "")
-    missing = set(missing_keys or ())
+    # Tied copies (e.g. the decoder weight = the input embeddings) may be reported missing but are fine.
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    missing = set(missing_keys or ()) - set(tied)
     # Keys outside the encoder that were not in the checkpoint mean the head is randomly initialised.
     head_missing = any(not key.startswith(f"{base_prefix}.") for key in missing)
     encoder = model.base_model if base_prefix and hasattr(model, base_prefix) else model

@@ -40,6 +40,12 @@ def get_round(fid: int, number: int, service: ServiceDep) -> dict[str, Any]:
     return service.round_detail(fid, number)
 
 
+@router.get("/evaluations/{version}", dependencies=[AdminDep])
+def get_evaluation(fid: int, version: int, service: ServiceDep) -> dict[str, Any] | None:
+    """Sample-weighted evaluation of a prompt version over the clients that reported (null if none)."""
+    return service.evaluations(fid, version)
+
+
 @router.get("/task", responses={204: {"description": "nothing to do yet; poll again after Retry-After"}})
 async def task(
     fid: int,

@@ -1,0 +1,131 @@
+"""`fedprompt simulate` end to end: real coordinator and worker processes, real MiniLM, SST-2."""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from coordinator.db import make_engine, make_sessionmaker
+from coordinator.service import Coordinator
+from tests.helpers import processes_mentioning, wait_for
+
+pytestmark = pytest.mark.slow
+FEDPROMPT = str(Path(sys.executable).parent / "fedprompt")
+
+
+def _cmd(out: Path, rounds: int, local_steps: int) -> list[str]:
+    return [
+        FEDPROMPT,
+        "simulate",
+        "--dataset",
+        "sst2",
+        "--clients",
+        "3",
+        "--fraction",
+        "0.6",
+        "--rounds",
+        str(rounds),
+        "--local-steps",
+        str(local_steps),
+        "--batch-size",
+        "8",
+        "--max-length",
+        "48",
+        "--train-limit",
+        "300",
+        "--eval-limit",
+        "60",
+        "--parallel",
+        "2",
+        "--out",
+        str(out),
+    ]
+
+
+def _history(out: Path) -> list[dict]:
+    engine = make_engine(f"sqlite:///{out / 'fedprompt.db'}")
+    try:
+        service = Coordinator(make_sessionmaker(engine))
+        fid = json.loads((out / "simulation.json").read_text())["federation_id"]
+        return service.rounds(fid)
+    finally:
+        engine.dispose()
+
+
+def test_simulate_writes_results_that_agree_with_the_coordinator(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = subprocess.run(_cmd(out, rounds=2, local_steps=3), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "results:" in done.stdout
+    results = json.loads((out / "results.json").read_text())
+    assert {"spec", "rounds", "final_accuracy", "total_bytes_up", "total_bytes_down", "wall_seconds"} <= set(
+        results
+    )
+    history = [r for r in _history(out) if r["state"] == "closed"]
+    assert [r["round"] for r in results["rounds"]] == [r["round"] for r in history] == [1, 2]
+    for rec, rnd in zip(results["rounds"], history, strict=True):
+        assert rec["participants"] == len(rnd["participants"]) == 2  # max(ceil(0.6 * 3), 1)
+        assert rec["bytes_up"] == rnd["stats"]["bytes_up"] > 0
+        assert rec["bytes_down"] == rnd["stats"]["bytes_down"] > 0
+        assert rec["accuracy"] == pytest.approx(rnd["evaluation"]["accuracy"])
+        assert rnd["evaluation"]["num_samples"] == 60
+        assert rec["loss"] == pytest.approx(rnd["stats"]["train_loss"])
+    assert results["final_accuracy"] == results["rounds"][-1]["accuracy"]
+    assert results["total_bytes_up"] == sum(r["stats"]["bytes_up"] for r in history)
+    with open(out / "rounds.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [int(r["round"]) for r in rows] == [1, 2]
+    assert [float(r["accuracy"]) for r in rows] == pytest.approx([r["accuracy"] for r in results["rounds"]])
+    png = (out / "accuracy.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    assert processes_mentioning(str(out)) == []
+
+
+def test_sigint_mid_round_leaves_no_process_and_rerun_continues(tmp_path: Path) -> None:
+    out = tmp_path / "resume"
+    cmd = _cmd(out, rounds=3, local_steps=20)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(
+            lambda: (out / "fedprompt.db").exists() and (out / "simulation.json").exists(),
+            180,
+            "the federation",
+        )
+        wait_for(
+            lambda: (
+                any(r["state"] == "closed" for r in _history(out)) and _history(out)[-1]["state"] == "open"
+            ),
+            400,
+            "round 1 to close and round 2 to open",
+            interval=0.5,
+        )
+        assert len(processes_mentioning(str(out))) >= 4  # simulate, coordinator, 3 workers
+        before = {r["round"]: r for r in _history(out) if r["state"] == "closed"}
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, proc.stdout.read() if proc.stdout else ""
+    time.sleep(0.5)
+    assert processes_mentioning(str(out)) == []
+
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "continuing federation" in again.stdout
+    history = _history(out)
+    closed = [r for r in history if r["state"] == "closed"]
+    assert [r["round"] for r in closed] == [1, 2, 3]
+    for number, old in before.items():  # closed rounds were kept, not redone
+        kept = next(r for r in closed if r["round"] == number)
+        assert kept["closed_at"] == old["closed_at"] and kept["attempt"] == old["attempt"]
+    results = json.loads((out / "results.json").read_text())
+    assert [r["round"] for r in results["rounds"]] == [1, 2, 3]
+    assert processes_mentioning(str(out)) == []
