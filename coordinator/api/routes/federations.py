@@ -17,11 +17,14 @@ router = APIRouter(prefix="/api/v1/federations", tags=["federations"])
 @router.post("", status_code=201, dependencies=[AdminDep])
 def create_federation(
     service: ServiceDep,
+    settings: SettingsDep,
     spec: dict[str, Any] = Body(
         ..., description="A FederationSpec", examples=[FederationSpec().model_dump()]
     ),
 ) -> dict[str, Any]:
-    """Create a federation from a spec (JSON)."""
+    """Create a federation from a spec (JSON); an absent deadline takes the server's default."""
+    if isinstance(spec, dict) and "round_deadline_s" not in spec:
+        spec = {**spec, "round_deadline_s": settings.default_round_deadline_s}
     fed = service.create_federation(validate_spec(spec))
     return service.federation_status(fed.id)
 
