@@ -1,0 +1,296 @@
+"""Labelled text: the packed data sets under shared/datasets and a user's own CSV / TSV / JSONL files."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+Task = Literal["single", "pair"]
+DATASETS_ENV = "FEDPROMPT_DATASETS"
+
+
+class DataError(ValueError):
+    """A data file that cannot be read; the message names the file and, where it applies, the line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    """One labelled example: a text (or a pair text / text_b) and a label id."""
+
+    text: str
+    label: int
+    text_b: str | None = None
+
+
+@dataclass
+class TextDataset:
+    """Examples with their label names and task kind."""
+
+    examples: list[Example]
+    label_names: list[str]
+    task: Task = "single"
+    name: str = ""
+    source: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __iter__(self) -> Iterator[Example]:
+        return iter(self.examples)
+
+    def __getitem__(self, index: int) -> Example:
+        return self.examples[index]
+
+    @property
+    def labels(self) -> list[int]:
+        """Label id of every example, in order."""
+        return [ex.label for ex in self.examples]
+
+    @property
+    def num_labels(self) -> int:
+        """Number of label names."""
+        return len(self.label_names)
+
+    def subset(self, indices: Sequence[int]) -> TextDataset:
+        """A data set of the given examples (e.g. one client's partition)."""
+        return TextDataset(
+            [self.examples[i] for i in indices],
+            self.label_names,
+            self.task,
+            self.name,
+            self.source,
+            self.meta,
+        )
+
+    def sample(self, limit: int | None, seed: int = 0) -> TextDataset:
+        """A seeded random subset of at most `limit` examples (all of them, in order, when limit is None)."""
+        if limit is None or limit >= len(self.examples):
+            return self
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0; got {limit}")
+        picked = np.sort(np.random.default_rng([seed, 0x5A]).permutation(len(self.examples))[:limit])
+        return self.subset([int(i) for i in picked])
+
+    def label_counts(self) -> list[int]:
+        """Number of examples per label id."""
+        counts = [0] * len(self.label_names)
+        for ex in self.examples:
+            counts[ex.label] += 1
+        return counts
+
+
+def project_root() -> Path:
+    """The folder holding pyproject.toml, found upwards from this package."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        if (parent / "pyproject.toml").is_file():
+            return parent
+    raise DataError(
+        f"cannot find the project root (pyproject.toml) above {here}; set {DATASETS_ENV} to the datasets folder"
+    )
+
+
+def datasets_dir(override: str | os.PathLike[str] | None = None) -> Path:
+    """Where bare data set names live: the argument, else $FEDPROMPT_DATASETS, else <root>/../shared/datasets."""
+    if override is not None:
+        return Path(override)
+    env = os.environ.get(DATASETS_ENV)
+    if env:
+        return Path(env)
+    return project_root().parent / "shared" / "datasets"
+
+
+def resolve_dataset(
+    name_or_path: str | os.PathLike[str], datasets_dir_: str | os.PathLike[str] | None = None
+) -> Path:
+    """The folder of a data set given by bare name or by path."""
+    given = Path(name_or_path)
+    if given.is_dir():
+        return given
+    looks_like_path = (
+        os.sep in str(name_or_path) or "/" in str(name_or_path) or str(name_or_path).startswith(".")
+    )
+    if looks_like_path:
+        raise DataError(f"data set folder {given} does not exist")
+    root = datasets_dir(datasets_dir_)
+    folder = root / str(name_or_path)
+    if not folder.is_dir():
+        available = (
+            sorted(p.name for p in root.iterdir() if (p / "meta.json").is_file()) if root.is_dir() else []
+        )
+        hint = f"; available: {', '.join(available)}" if available else f" ({root} has no data sets)"
+        raise DataError(f"no data set named {str(name_or_path)!r} in {root}{hint}")
+    return folder
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
+    return path.open("r", encoding="utf-8", newline="")
+
+
+def load_dataset(
+    name_or_path: str | os.PathLike[str],
+    split: Literal["train", "test"] | str = "train",
+    datasets_dir: str | os.PathLike[str] | None = None,
+) -> TextDataset:
+    """Load one split of a packed data set (folder with meta.json and <split>.jsonl.gz) by name or path."""
+    folder = resolve_dataset(name_or_path, datasets_dir)
+    meta_path = folder / "meta.json"
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(
+            f"{meta_path}: missing; a data set folder needs meta.json with 'task' and 'labels'"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{meta_path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    task = meta.get("task")
+    labels = meta.get("labels")
+    if task not in ("single", "pair"):
+        raise DataError(f"{meta_path}: 'task' must be 'single' or 'pair'; got {task!r}")
+    if not isinstance(labels, list) or len(labels) < 2 or not all(isinstance(x, str) for x in labels):
+        raise DataError(f"{meta_path}: 'labels' must be a list of at least two label names; got {labels!r}")
+    for candidate in (folder / f"{split}.jsonl.gz", folder / f"{split}.jsonl"):
+        if candidate.is_file():
+            data = load_table(
+                candidate,
+                text_column="text" if task == "single" else "text_a",
+                label_column="label",
+                text_b_column=None if task == "single" else "text_b",
+                label_names=labels,
+            )
+            data.name = folder.name
+            data.meta = meta
+            return data
+    raise DataError(f"{folder}: no {split}.jsonl.gz or {split}.jsonl")
+
+
+def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, row) pairs of a CSV / TSV / JSONL file, raising DataError on malformed rows."""
+    name = path.name.lower().removesuffix(".gz")
+    if name.endswith((".jsonl", ".json", ".ndjson")):
+        with _open_text(path) as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+                if not isinstance(row, dict):
+                    raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+                yield lineno, row
+        return
+    if name.endswith((".csv", ".tsv")):
+        delimiter = "\t" if name.endswith(".tsv") else ","
+        # E-mails and reviews can exceed csv's default 128 KiB field limit.
+        csv.field_size_limit(1 << 30)
+        with _open_text(path) as fh:
+            reader = csv.reader(fh, delimiter=delimiter)
+            try:
+                header = next(reader)
+            except StopIteration:
+                raise DataError(f"{path}: the file is empty (a header row is needed)") from None
+            except csv.Error as exc:
+                raise DataError(f"{path}:1: malformed header ({exc})") from None
+            header = [h.strip() for h in header]
+            while True:
+                start = reader.line_num + 1
+                try:
+                    fields = next(reader)
+                except StopIteration:
+                    return
+                except csv.Error as exc:
+                    raise DataError(f"{path}:{start}: malformed row ({exc})") from None
+                if not fields or (len(fields) == 1 and not fields[0].strip()):
+                    continue
+                if len(fields) != len(header):
+                    raise DataError(
+                        f"{path}:{start}: expected {len(header)} fields ({', '.join(header)}), found {len(fields)}"
+                    )
+                yield start, dict(zip(header, fields, strict=True))
+        return
+    raise DataError(f"{path}: unsupported file type; use .csv, .tsv, .jsonl or .jsonl.gz")
+
+
+def _parse_label(value: Any, names: list[str] | None, where: str) -> int | str:
+    """An int label id or a label name (resolved later when names are not known yet)."""
+    if isinstance(value, bool) or value is None:
+        raise DataError(f"{where}: label must be an integer id or a label name; got {value!r}")
+    if names is not None and isinstance(value, str) and value.strip() in names:
+        return names.index(value.strip())
+    if isinstance(value, int):
+        label = value
+    elif isinstance(value, float) and value.is_integer():
+        label = int(value)
+    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        label = int(value.strip())
+    elif isinstance(value, str) and names is None and value.strip():
+        return value.strip()
+    else:
+        known = f"; known labels: {', '.join(names)}" if names is not None else ""
+        raise DataError(f"{where}: unknown label {value!r}{known}")
+    if names is not None and not 0 <= label < len(names):
+        raise DataError(
+            f"{where}: label id {label} is out of range for {len(names)} labels ({', '.join(names)})"
+        )
+    if label < 0:
+        raise DataError(f"{where}: label id {label} is negative")
+    return label
+
+
+def load_table(
+    path: str | os.PathLike[str],
+    text_column: str,
+    label_column: str,
+    text_b_column: str | None = None,
+    label_names: Sequence[str] | None = None,
+) -> TextDataset:
+    """Load a user's CSV, TSV or JSONL(.gz) file; labels may be ids or names; bad rows raise DataError."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    names = list(label_names) if label_names is not None else None
+    raw: list[tuple[str, int | str, str | None]] = []
+    columns = [text_column, label_column] + ([text_b_column] if text_b_column else [])
+    for lineno, row in _rows(path):
+        where = f"{path}:{lineno}"
+        absent = [c for c in columns if c not in row]
+        if absent:
+            raise DataError(f"{where}: missing column(s) {', '.join(absent)}; the row has {', '.join(row)}")
+        text = row[text_column]
+        if not isinstance(text, str):
+            raise DataError(f"{where}: column {text_column!r} must be a string; got {text!r}")
+        text_b = None
+        if text_b_column:
+            text_b = row[text_b_column]
+            if not isinstance(text_b, str):
+                raise DataError(f"{where}: column {text_b_column!r} must be a string; got {text_b!r}")
+        raw.append((text, _parse_label(row[label_column], names, where), text_b))
+    if not raw:
+        raise DataError(f"{path}: no rows")
+    if names is None:
+        ids = {label for _, label, _ in raw if isinstance(label, int)}
+        strings = {label for _, label, _ in raw if isinstance(label, str)}
+        if ids and strings:
+            raise DataError(
+                f"{path}: labels mix ids ({sorted(ids)[:3]}) and names ({sorted(strings)[:3]}); pass label_names"
+            )
+        # Names sort alphabetically so the id of a label does not depend on the order of the rows.
+        names = sorted(strings) if strings else [str(i) for i in range(max(ids) + 1)]
+    examples = [
+        Example(text, label if isinstance(label, int) else names.index(label), text_b)
+        for text, label, text_b in raw
+    ]
+    return TextDataset(examples, names, "pair" if text_b_column else "single", path.stem, str(path))
