@@ -23,7 +23,7 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/fedprompt simulate --dataset sst2 --clients 4 --fraction 0.5 --rounds 3 \
-		--local-steps 60 --train-limit 2000 --out runs/demo
+		--local-steps 100 --train-limit 8000 --out runs/demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -31,7 +31,9 @@ class FederationSpec(BaseModel):
     method: Literal["prompt_tuning"] = "prompt_tuning"
     num_virtual_tokens: int = Field(20, ge=1, le=1024)
     hidden_size: int = Field(384, ge=1, le=65536, description="Hidden size of the PLM (MiniLM: 384).")
-    init_std: float = Field(0.5, gt=0, le=100, description="Std of the seeded random initial prompt.")
+    init_std: float = Field(
+        0.05, gt=0, le=100, description="Std of the seeded random initial prompt (≈ word-embedding scale)."
+    )
     template: str = Field("{text} It was [MASK].", min_length=1)
     verbalizer: list[list[str]] = Field(default_factory=lambda: [["terrible"], ["great"]], min_length=2)
     labels: list[str] | None = None

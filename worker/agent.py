@@ -260,14 +260,11 @@ class Agent:
         version = int(task["version"])
         self.status.state = "evaluating"
         self.engine.load_prompt(self._download(version, task["sha256"]))
-        if not self.eval_data:
-            report = {"num_samples": 1, "accuracy": 0.0, "metrics": {"no_eval_data": 1.0}}
-        else:
-            result = self.engine.evaluate(self.eval_data, batch_size=self.config.eval_batch_size)
-            report = {"num_samples": result.n, "accuracy": result.accuracy, "loss": result.loss}
-            self.status.last_eval = {"version": version, **report}
-            if self.metrics is not None:
-                self.metrics.eval_accuracy.set(result.accuracy)
+        result = self.engine.evaluate(self.eval_data, batch_size=self.config.eval_batch_size)
+        report = {"num_samples": result.n, "accuracy": result.accuracy, "loss": result.loss}
+        self.status.last_eval = {"version": version, **report}
+        if self.metrics is not None:
+            self.metrics.eval_accuracy.set(result.accuracy)
         self._retry(
             "report evaluation",
             lambda: self.client.report_evaluation(self.config.federation_id, version, report),  # type: ignore[union-attr]

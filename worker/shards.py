@@ -74,4 +74,9 @@ def load_shard(spec: ShardSpec) -> tuple[list[Example], list[Example], TextDatas
         evaluation = [test_set.examples[i] for i in share]
     if not train:
         raise DataError(f"worker {spec.partition_id} of {spec.num_partitions} got no training examples")
+    if not evaluation:
+        raise DataError(
+            f"worker {spec.partition_id} of {spec.num_partitions} got no evaluation examples; "
+            "raise --eval-limit or --eval-fraction"
+        )
     return train, evaluation, full

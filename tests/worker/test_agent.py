@@ -1,0 +1,177 @@
+"""The agent loop against a mocked coordinator (httpx MockTransport) and a fake engine: retries,
+Retry-After, durable pending updates, credentials reuse."""
+
+from __future__ import annotations
+
+import json
+import stat
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from shared import wire
+from shared.spec import FederationSpec
+from worker.agent import Agent, AgentConfig
+from worker.data import Example
+
+SPEC = FederationSpec(num_virtual_tokens=2, hidden_size=4, min_clients=1, local_steps=3)
+
+
+@dataclass
+class _Train:
+    mean_loss: float = 0.5
+    last_loss: float = 0.4
+    seconds: float = 0.01
+
+
+@dataclass
+class _Eval:
+    accuracy: float = 0.75
+    loss: float = 0.5
+    n: int = 4
+
+
+class FakeEngine:
+    """Just enough of PromptEngine for the agent."""
+
+    fingerprint = "fake"
+    device = "cpu"
+
+    def __init__(self) -> None:
+        self.prompt = np.zeros((2, 4), np.float32)
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        return SPEC.tensor_shapes()
+
+    def load_prompt(self, blob: bytes) -> dict[str, str]:
+        tensors, meta = wire.decode(blob)
+        self.prompt = tensors["prompt_embeddings"]
+        return meta
+
+    def train(self, examples: list[Example], *, steps: int, progress: Any, **_: Any) -> _Train:
+        for step in range(1, steps + 1):
+            self.prompt = self.prompt + 1.0
+            progress(step, steps, 0.5)
+        return _Train()
+
+    def evaluate(self, examples: list[Example], batch_size: int = 64) -> _Eval:
+        return _Eval(n=len(examples))
+
+    def save_prompt(self, metadata: dict[str, Any]) -> bytes:
+        return wire.encode({"prompt_embeddings": self.prompt}, metadata)
+
+
+class FakeCoordinator:
+    """A scripted coordinator: one train task, then done; the first uploads fail with 503."""
+
+    def __init__(self, fail_uploads: int) -> None:
+        self.fail_uploads = fail_uploads
+        self.calls: list[str] = []
+        self.uploads: list[bytes] = []
+        self.trained = False
+        self.initial = wire.encode({"prompt_embeddings": np.ones((2, 4), np.float32)}, {"version": "0"})
+        self.lock = threading.Lock()
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path, method = request.url.path, request.method
+        with self.lock:
+            self.calls.append(f"{method} {path}")
+        if method == "POST" and path.endswith("/clients"):
+            return httpx.Response(201, json={"client_id": 7, "token": "fpc_x", "federation_id": 1})
+        if path.endswith("/spec"):
+            return httpx.Response(200, json=SPEC.model_dump(mode="json"))
+        if path.endswith("/task"):
+            if not self.trained:
+                self.trained = True
+                return httpx.Response(
+                    200,
+                    json={
+                        "kind": "train",
+                        "round": 1,
+                        "attempt": 1,
+                        "version": 0,
+                        "sha256": wire.sha256(self.initial),
+                        "config": {"local_steps": 3, "batch_size": 2, "lr": 0.1, "seed": 0},
+                    },
+                )
+            return httpx.Response(200, json={"kind": "done", "round": 1, "version": 1})
+        if "/prompts/" in path:
+            sha = wire.sha256(self.initial)
+            return httpx.Response(
+                200, content=self.initial, headers={"X-Prompt-Version": "0", "X-Prompt-Sha256": sha}
+            )
+        if path.endswith("/update"):
+            self.uploads.append(request.content)
+            if len(self.uploads) <= self.fail_uploads:
+                return httpx.Response(503, json={"detail": "try later"}, headers={"Retry-After": "0"})
+            return httpx.Response(201, json={"round": 1, "sha256": wire.sha256(request.content)})
+        return httpx.Response(404, json={"detail": f"unexpected {method} {path}"})
+
+
+def _agent(tmp_path: Path, coordinator: FakeCoordinator, token: str | None = "fpe_x") -> Agent:
+    examples = [Example(text=f"t{i}", label=i % 2) for i in range(4)]
+    config = AgentConfig(
+        coordinator="http://coordinator",
+        federation_id=1,
+        enrollment_token=token,
+        name="w",
+        state_dir=tmp_path,
+    )
+    return Agent(
+        config,
+        examples,
+        examples,
+        transport=httpx.MockTransport(coordinator),
+        engine_factory=lambda s, d: FakeEngine(),
+    )
+
+
+def _run_until_done(agent: Agent) -> None:
+    thread = threading.Thread(target=agent.run)
+    thread.start()
+    for _ in range(300):
+        if agent.status.state == "done":
+            break
+        thread.join(0.05)
+    agent.stop()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_upload_is_retried_until_acknowledged_and_pending_file_cleared(tmp_path: Path) -> None:
+    coordinator = FakeCoordinator(fail_uploads=2)
+    agent = _agent(tmp_path, coordinator)
+    _run_until_done(agent)
+    assert len(coordinator.uploads) == 3 and len(set(coordinator.uploads)) == 1  # the same bytes each time
+    tensors, meta = wire.decode(coordinator.uploads[0])
+    np.testing.assert_array_equal(tensors["prompt_embeddings"], np.full((2, 4), 4.0, np.float32))
+    assert (
+        meta["base_version"] == "0"
+        and meta["num_samples"] == "4"
+        and json.loads(meta["metrics"])["loss"] == 0.5
+    )
+    assert agent.status.rounds_trained == [1]
+    assert list((tmp_path / "pending").iterdir()) == []
+    creds = tmp_path / "credentials.json"
+    assert json.loads(creds.read_text())["client_id"] == 7
+    assert stat.S_IMODE(creds.stat().st_mode) == 0o600
+
+
+def test_restart_resends_pending_update_before_polling_and_reuses_credentials(tmp_path: Path) -> None:
+    first = FakeCoordinator(fail_uploads=0)
+    _run_until_done(_agent(tmp_path, first))
+    leftover = wire.encode({"prompt_embeddings": np.full((2, 4), 9.0, np.float32)}, {"num_samples": "4"})
+    (tmp_path / "pending" / "1.safetensors").write_bytes(leftover)  # as if killed before the ack arrived
+    second = FakeCoordinator(fail_uploads=0)
+    second.trained = True
+    _run_until_done(_agent(tmp_path, second, token=None))
+    assert second.uploads[0] == leftover
+    assert not any(c.startswith("POST") and c.endswith("/clients") for c in second.calls)  # no re-enrolment
+    first_poll = next(i for i, c in enumerate(second.calls) if c.endswith("/task"))
+    first_upload = next(i for i, c in enumerate(second.calls) if c.endswith("/update"))
+    assert first_upload < first_poll
+    assert list((tmp_path / "pending").iterdir()) == []
