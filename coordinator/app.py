@@ -8,13 +8,23 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.concurrency import run_in_threadpool
+from fastapi.staticfiles import StaticFiles
 
 from coordinator.api import problems
-from coordinator.api.routes import clients, federations, health, rounds
+from coordinator.api.routes import clients, dashboard, federations, health, rounds
 from coordinator.config import Settings
+from coordinator.dashboard import STATIC_DIR
 from coordinator.db import make_engine, make_sessionmaker
+from coordinator.logs import RequestContextMiddleware, bind_route_context
+from coordinator.metrics import (
+    CoordinatorMetrics,
+    MetricsMiddleware,
+    RoundTransition,
+    instrument_sessions,
+    log_transition,
+)
 from coordinator.service import Coordinator
 
 log = logging.getLogger("fedprompt.coordinator")
@@ -33,7 +43,15 @@ async def _sweeper(service: Coordinator, interval: float) -> None:
 def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
     """Build the app for a settings object (admin token already resolved)."""
     engine = make_engine(settings.url)
-    service = Coordinator(make_sessionmaker(engine))
+    sessions = make_sessionmaker(engine)
+    service = Coordinator(sessions)
+    metrics = CoordinatorMetrics(service.gauge_counts)
+
+    def on_round_transition(transition: RoundTransition) -> None:
+        metrics.round_transition(transition)
+        log_transition(transition)
+
+    instrument_sessions(sessions, on_round_transition)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -50,10 +68,16 @@ def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
         version="0.1.0",
         description="Federated prompt tuning: rounds, enrolment, uploads and aggregation of soft prompts.",
         lifespan=lifespan,
+        dependencies=[Depends(bind_route_context)],
     )
     app.state.settings = settings
     app.state.service = service
+    app.state.metrics = metrics
     problems.install(app)
-    for module in (health, federations, clients, rounds):
+    for module in (health, federations, clients, rounds, dashboard):
         app.include_router(module.router)
+    app.mount("/dashboard/static", StaticFiles(directory=STATIC_DIR), name="dashboard-static")
+    # Outermost first: the request id and log context wrap everything, metrics see every response.
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(RequestContextMiddleware)
     return app

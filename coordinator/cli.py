@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import sys
 from typing import Annotated
 
 import typer
@@ -41,13 +39,33 @@ def serve(
     dev: Annotated[
         bool, typer.Option("--dev", help="Development: generate an admin token into <data_dir>/admin-token.")
     ] = False,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    log_level: Annotated[
+        str, typer.Option(help="Level of uvicorn's and the access log (the service logs at info).")
+    ] = "info",
+    log_format: Annotated[
+        str,
+        typer.Option(
+            envvar="FEDPROMPT_LOG_FORMAT",
+            help="auto (console on a terminal, JSON lines otherwise) | json | console.",
+        ),
+    ] = "auto",
 ) -> None:
     """Migrate the database, then serve the API."""
+    import logging
+
     import uvicorn
 
     from coordinator.app import create_app
+    from coordinator.logs import configure_logging
     from coordinator.migrate import upgrade
+
+    try:
+        configure_logging("info", log_format)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    access_level = logging.getLevelName(log_level.upper())  # uvicorn's "trace" is not a stdlib level
+    logging.getLogger("fedprompt.access").setLevel(access_level if isinstance(access_level, int) else 5)
 
     settings = _settings()
     try:
@@ -59,14 +77,13 @@ def serve(
         typer.echo(f"dev mode: admin token in {settings.data_dir / 'admin-token'}", err=True)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings.url)
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
     uvicorn.run(
         create_app(settings),
         host=host or settings.host,
         port=settings.port if port is None else port,
         log_level=log_level,
+        log_config=None,  # keep the structlog handler; uvicorn's loggers propagate to it
+        access_log=False,  # RequestContextMiddleware writes one access line per request instead
     )
 
 

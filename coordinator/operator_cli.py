@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from shared.client import ApiError, CoordinatorClient
@@ -40,7 +51,15 @@ TokenOpt = Annotated[
 ]
 FedOpt = Annotated[int, typer.Option("--federation", "-f", help="Federation id.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
+TimeoutOpt = Annotated[
+    float, typer.Option("--timeout", min=0, help="Give up after this many seconds (exit code 3).")
+]
+IntervalOpt = Annotated[float, typer.Option("--interval", min=0.05, help="Seconds between polls.")]
 DEFAULT_URL = "http://127.0.0.1:8000"
+EXIT_TIMEOUT = 3
+# Indirections so tests can drive the wait loops without real time passing.
+_sleep: Callable[[float], None] = time.sleep
+_monotonic: Callable[[], float] = time.monotonic
 
 
 def _client(url: str, token: str | None) -> CoordinatorClient:
@@ -81,15 +100,18 @@ def _fmt(v: Any, digits: int = 4) -> str:
 
 def _status_table(feds: list[dict[str, Any]]) -> None:
     table = Table(title="federations")
-    for col in ("id", "name", "state", "round", "clients", "latest version", "accuracy"):
+    for col in ("id", "name", "state", "round", "uploads", "clients", "latest version", "accuracy"):
         table.add_column(col)
     for f in feds:
         latest = (f.get("latest") or {}).get("evaluation") or {}
+        open_round = f.get("open_round")
+        uploads = "{}/{}".format(*upload_counts(open_round)) if open_round else "-"
         table.add_row(
             str(f["id"]),
             f["name"],
             f["state"] + (" (paused)" if f["paused"] and f["state"] != "paused" else ""),
             f"{f['current_round']}/{f['rounds_total']}",
+            uploads,
             f"{f['clients']['available']}/{f['clients']['enrolled']}",
             str(f["latest_version"]),
             _fmt(latest.get("accuracy")),
@@ -163,19 +185,58 @@ def federation_status(
 
 
 @federation_app.command("pause")
-def federation_pause(federation: FedOpt, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
+def federation_pause(
+    federation: FedOpt, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, as_json: JsonOpt = False
+) -> None:
     """Stop opening rounds automatically."""
     with _client(url, token) as c:
-        _run(c.pause, federation)
-    console.print(f"federation {federation} paused")
+        fed = _run(c.pause, federation)
+    _emit(fed, as_json, lambda f: console.print(f"federation {f['id']} paused (state {f['state']})"))
 
 
 @federation_app.command("resume")
-def federation_resume(federation: FedOpt, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
+def federation_resume(
+    federation: FedOpt, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, as_json: JsonOpt = False
+) -> None:
     """Open rounds automatically again."""
     with _client(url, token) as c:
-        _run(c.resume, federation)
-    console.print(f"federation {federation} resumed")
+        fed = _run(c.resume, federation)
+    _emit(fed, as_json, lambda f: console.print(f"federation {f['id']} resumed (state {f['state']})"))
+
+
+@federation_app.command("wait")
+def federation_wait(
+    federation: FedOpt,
+    until_round: Annotated[
+        int | None,
+        typer.Option("--round", min=1, help="Stop once this round has closed (default: all rounds)."),
+    ] = None,
+    timeout: TimeoutOpt = 24 * 3600.0,
+    interval: IntervalOpt = 2.0,
+    url: UrlOpt = DEFAULT_URL,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Wait until the federation completes (or a round closes), with a progress bar over rounds."""
+    with _client(url, token) as c:
+        fed = _run(c.federation, federation)
+        goal = min(until_round or fed["rounds_total"], fed["rounds_total"])
+        give_up = _monotonic() + timeout
+        with _progress(as_json) as progress:
+            task = progress.add_task(fed["name"], total=goal, left="")
+            while True:
+                progress.update(
+                    task, completed=min(fed["latest_version"], goal), description=federation_line(fed)
+                )
+                if fed["state"] == "completed" or fed["latest_version"] >= goal:
+                    break
+                if _monotonic() >= give_up:
+                    err.print(f"[red]timeout:[/] {federation_line(fed)} after {timeout:g} s")
+                    raise typer.Exit(EXIT_TIMEOUT)
+                _sleep(interval)
+                fed = _run(c.federation, federation)
+        rows = _run(c.rounds, federation) if not as_json else []
+    _emit(fed, as_json, lambda _: _rounds_table(rows))
 
 
 @token_app.command("create")
@@ -225,11 +286,16 @@ def clients_revoke(
     client: Annotated[int, typer.Argument(help="Client id.")],
     url: UrlOpt = DEFAULT_URL,
     token: TokenOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Revoke a client."""
     with _client(url, token) as c:
         _run(c.revoke_client, federation, client)
-    console.print(f"client {client} revoked")
+    _emit(
+        {"federation_id": federation, "client_id": client, "revoked": True},
+        as_json,
+        lambda _: console.print(f"client {client} revoked"),
+    )
 
 
 @round_app.command("open")
@@ -264,6 +330,103 @@ def round_close(
     )
 
 
+@round_app.command("wait")
+def round_wait(
+    federation: FedOpt,
+    number: Annotated[
+        int | None, typer.Argument(help="Round number (default: the current round).", show_default=False)
+    ] = None,
+    timeout: TimeoutOpt = 3600.0,
+    interval: IntervalOpt = 1.0,
+    url: UrlOpt = DEFAULT_URL,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Wait until a round has closed (failed attempts are retried), with a progress bar of its uploads."""
+    with _client(url, token) as c:
+        fed = _run(c.federation, federation)
+        target = number or max(fed["current_round"], 1)
+        if target > fed["rounds_total"]:
+            err.print(f"[red]error:[/] federation {federation} has only {fed['rounds_total']} rounds")
+            raise typer.Exit(2)
+        give_up = _monotonic() + timeout
+        with _progress(as_json) as progress:
+            task = progress.add_task(f"round {target}", total=None, left="")
+            while True:
+                rnd = latest_attempt(_run(c.rounds, federation), target)
+                if rnd is not None:
+                    uploaded, selected = upload_counts(rnd)
+                    progress.update(
+                        task,
+                        total=selected,
+                        completed=uploaded,
+                        description=f"round {target} attempt {rnd['attempt']}: {rnd['state']}",
+                        left=deadline_text(rnd, time.time()),
+                    )
+                    if rnd["state"] == "closed":
+                        break
+                if _monotonic() >= give_up:
+                    state = rnd["state"] if rnd else "not opened yet"
+                    err.print(f"[red]timeout:[/] round {target} is {state} after {timeout:g} s")
+                    raise typer.Exit(EXIT_TIMEOUT)
+                _sleep(interval)
+
+    def render(r: dict[str, Any]) -> None:
+        acc = (r.get("evaluation") or {}).get("accuracy")
+        console.print(
+            f"round {r['round']} closed ({r['closed_by']}) after {_fmt(r['seconds'], 1)} s → "
+            f"prompt version {r['result_version']}" + (f", accuracy {acc:.4f}" if acc is not None else "")
+        )
+
+    _emit(rnd, as_json, render)
+
+
+def latest_attempt(rounds: list[dict[str, Any]], number: int) -> dict[str, Any] | None:
+    """The newest attempt of round `number` in a round history, or None if it never opened."""
+    attempts = [r for r in rounds if r["round"] == number]
+    return max(attempts, key=lambda r: r["attempt"]) if attempts else None
+
+
+def upload_counts(rnd: dict[str, Any]) -> tuple[int, int]:
+    """(uploaded, selected) participants of a round attempt."""
+    return sum(1 for p in rnd["participants"] if p["uploaded"]), len(rnd["participants"])
+
+
+def deadline_text(rnd: dict[str, Any], now: float) -> str:
+    """'deadline in 42 s' for an open attempt; '' otherwise."""
+    if rnd["state"] != "open":
+        return ""
+    left = rnd["deadline_at"] - now
+    return f"deadline in {left:.0f} s" if left >= 0 else f"deadline passed {-left:.0f} s ago"
+
+
+def federation_line(fed: dict[str, Any]) -> str:
+    """One line about a federation's progress: name, state, open round and its uploads."""
+    line = f"{fed['name']}: {fed['state']}"
+    open_round = fed.get("open_round")
+    if open_round:
+        uploaded, selected = upload_counts(open_round)
+        line += f", round {open_round['round']} {uploaded}/{selected} uploaded"
+    return line
+
+
+@contextmanager
+def _progress(disabled: bool) -> Iterator[Progress]:
+    """A progress bar on stderr (stdout stays clean for --json)."""
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[left]}"),
+        TimeElapsedColumn(),
+        console=err,
+        disable=disabled,
+    )
+    with progress:
+        yield progress
+
+
 @rounds_app.command("list")
 def rounds_list(
     federation: FedOpt, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None, as_json: JsonOpt = False
@@ -281,6 +444,7 @@ def prompt_get(
     version: Annotated[str, typer.Option("--version", help="Version number or 'latest'.")] = "latest",
     url: UrlOpt = DEFAULT_URL,
     token: TokenOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Download a global prompt version as safetensors."""
     from shared import wire
@@ -291,8 +455,13 @@ def prompt_get(
         err.print("[red]error:[/] download corrupted (sha256 mismatch); try again")
         raise typer.Exit(1)
     out.write_bytes(prompt.blob)
-    console.print(
-        f"prompt version {prompt.version} ({len(prompt.blob)} bytes, sha256 {prompt.sha256[:12]}…) → {out}"
+    info = {"version": prompt.version, "sha256": prompt.sha256, "bytes": len(prompt.blob), "path": str(out)}
+    _emit(
+        info,
+        as_json,
+        lambda d: console.print(
+            f"prompt version {d['version']} ({d['bytes']} bytes, sha256 {d['sha256'][:12]}…) → {d['path']}"
+        ),
     )
 
 

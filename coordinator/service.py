@@ -637,6 +637,29 @@ class Coordinator:
             self._federation(s, fid)
             return self._evaluation_summary(s, fid, version)
 
+    def gauge_counts(self) -> dict[str, Any]:
+        """Read-only counts for Prometheus gauges: federations and rounds by state, clients per federation."""
+        now = self.clock()
+        with self.sessions() as s:
+            feds = s.execute(select(Federation.id, Federation.state, Federation.spec)).all()
+            rounds = dict(s.execute(select(Round.state, func.count()).group_by(Round.state)).all())
+            clients = s.execute(select(Client.federation_id, Client.revoked_at, Client.last_seen_at)).all()
+        timeout = {fid: float((spec or {}).get("availability_timeout_s") or 600.0) for fid, _, spec in feds}
+        per_fed: dict[int, dict[str, int]] = {
+            fid: {"enrolled": 0, "revoked": 0, "active": 0} for fid, _, _ in feds
+        }
+        for fid, revoked_at, last_seen in clients:
+            counts = per_fed.setdefault(fid, {"enrolled": 0, "revoked": 0, "active": 0})
+            counts["enrolled"] += 1
+            if revoked_at is not None:
+                counts["revoked"] += 1
+            elif now - last_seen <= timeout.get(fid, 600.0):
+                counts["active"] += 1
+        by_state: dict[str, int] = {}
+        for _, state, _ in feds:
+            by_state[state] = by_state.get(state, 0) + 1
+        return {"federations": by_state, "rounds": rounds, "clients": per_fed}
+
     def events(self, fid: int, *, after: int = 0, limit: int = 200) -> list[dict[str, Any]]:
         """The federation's audit trail."""
         with self.sessions() as s:

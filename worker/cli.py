@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -60,13 +58,27 @@ def serve(
     ] = None,
     slots: Annotated[int, typer.Option(help="How many workers sharing --slots-dir may train at once.")] = 0,
     log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
+    log_format: Annotated[
+        str,
+        typer.Option(
+            envvar="FEDPROMPT_LOG_FORMAT",
+            help="auto (console on a terminal, JSON lines otherwise) | json | console.",
+        ),
+    ] = "auto",
 ) -> None:
     """Enrol with the coordinator, then train and evaluate the global prompt on local data."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    logging.basicConfig(
-        level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll drowns the worker's own log
+    from coordinator.logs import configure_logging
+
+    client_name = name or f"{socket.gethostname()}-{partition_id}"
+    try:
+        # every line names the federation and the client; httpx is quieted (one line per poll)
+        configure_logging(
+            log_level, log_format, static={"federation_id": federation, "client_name": client_name}
+        )
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     import uvicorn
 
     from worker.agent import Agent, AgentConfig
@@ -103,7 +115,7 @@ def serve(
             coordinator=coordinator,
             federation_id=federation,
             enrollment_token=enrollment_token,
-            name=name or f"{socket.gethostname()}-{partition_id}",
+            name=client_name,
             state_dir=state_dir,
             device=device,
             poll_wait=poll_wait,
@@ -114,7 +126,9 @@ def serve(
         train,
         evaluation,
     )
-    uvicorn.run(create_app(agent, WorkerMetrics()), host=host, port=port, log_level="warning")
+    uvicorn.run(
+        create_app(agent, WorkerMetrics()), host=host, port=port, log_level="warning", log_config=None
+    )
 
 
 def _register() -> None:

@@ -75,8 +75,9 @@ def test_default_datasets_dir_is_next_to_the_project(monkeypatch: pytest.MonkeyP
 
 def test_real_sst2_test_split_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(DATASETS_ENV, raising=False)
-    if not (datasets_dir() / "sst2").is_dir():
-        pytest.skip("the shared data sets are not next to this checkout")
+    assert (datasets_dir() / "sst2").is_dir(), (
+        f"the shared data sets must be at {datasets_dir()} (or $FEDPROMPT_DATASETS)"
+    )
 
     data = load_dataset("sst2", "test")
 
@@ -206,8 +207,7 @@ def test_data_error_is_a_value_error() -> None:
 def test_every_packed_dataset_has_a_fitting_preset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(DATASETS_ENV, raising=False)
     root = datasets_dir()
-    if not root.is_dir():
-        pytest.skip("the shared data sets are not next to this checkout")
+    assert root.is_dir(), f"the shared data sets must be at {root} (or $FEDPROMPT_DATASETS)"
     from transformers import AutoTokenizer
 
     from worker.engine import resolve_model

@@ -1,11 +1,12 @@
-"""Liveness and readiness."""
+"""Liveness, readiness and Prometheus metrics."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from coordinator.api.deps import ServiceDep, SettingsDep
+from coordinator.api.deps import MetricsDep, ServiceDep, SettingsDep
 from coordinator.migrate import schema_is_current
 
 router = APIRouter(tags=["health"])
@@ -30,3 +31,10 @@ def readyz(service: ServiceDep, settings: SettingsDep) -> JSONResponse:
             status_code=503,
         )
     return JSONResponse({"status": "ready"})
+
+
+@router.get("/metrics", response_class=Response)
+async def metrics(registry: MetricsDep) -> Response:
+    """Prometheus metrics: counters of this process, gauges read from the database."""
+    body, content_type = await run_in_threadpool(registry.render)  # the gauges query the DB
+    return Response(body, media_type=content_type)

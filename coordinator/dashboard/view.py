@@ -1,0 +1,188 @@
+"""The dashboard's view model: pure functions from the service's answers to what the page shows."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+FLOAT32_BYTES = 4
+
+
+def federation_row(status: dict[str, Any]) -> dict[str, Any]:
+    """One line of the federation list."""
+    latest = (status.get("latest") or {}).get("evaluation") or {}
+    return {
+        "id": status["id"],
+        "name": status["name"],
+        "state": status["state"],
+        "paused": bool(status["paused"]),
+        "round": status["current_round"],
+        "rounds_total": status["rounds_total"],
+        "clients_available": status["clients"]["available"],
+        "clients_enrolled": status["clients"]["enrolled"],
+        "accuracy": latest.get("accuracy"),
+    }
+
+
+def pick_federation(statuses: list[dict[str, Any]], wanted: int | None) -> int | None:
+    """The federation to show: the one asked for if it exists, else the newest running one, else the newest."""
+    ids = [s["id"] for s in statuses]
+    if wanted in ids:
+        return wanted
+    running = [s["id"] for s in statuses if s["state"] == "running"]
+    return (running or ids or [None])[-1]
+
+
+def client_status(client: dict[str, Any], now: float, availability_timeout_s: float) -> str:
+    """revoked, available (polled recently: can be selected) or unavailable."""
+    if client["revoked"]:
+        return "revoked"
+    return "available" if now - client["last_seen_at"] <= availability_timeout_s else "unavailable"
+
+
+def timeline(rounds: list[dict[str, Any]], quorum: int, now: float) -> list[dict[str, Any]]:
+    """Every round attempt, newest first, with duration, uploads vs quorum and bar width."""
+    rows = []
+    for r in rounds:
+        end = r["closed_at"] if r["closed_at"] is not None else now
+        seconds = max(end - r["opened_at"], 0.0)
+        uploaded = sum(1 for p in r["participants"] if p["uploaded"])
+        ev = r.get("evaluation") or {}
+        rows.append(
+            {
+                "round": r["round"],
+                "attempt": r["attempt"],
+                "state": r["state"],
+                "opened_at": r["opened_at"],
+                "closed_at": r["closed_at"],
+                "seconds": seconds,
+                "running": r["closed_at"] is None,
+                "participants": len(r["participants"]),
+                "uploaded": uploaded,
+                "quorum": quorum,
+                "closed_by": r.get("closed_by"),
+                "failure_reason": r.get("failure_reason"),
+                "bytes_up": (r.get("stats") or {}).get("bytes_up"),
+                "bytes_down": (r.get("stats") or {}).get("bytes_down"),
+                "accuracy": ev.get("accuracy"),
+                "notes": (r.get("stats") or {}).get("notes") or {},
+            }
+        )
+    longest = max((row["seconds"] for row in rows), default=0.0)
+    for row in rows:
+        row["bar_pct"] = round(100.0 * row["seconds"] / longest, 1) if longest > 0 else 0.0
+    rows.reverse()
+    return rows
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+
+def series(
+    rounds: list[dict[str, Any]], initial: dict[str, Any] | None
+) -> dict[str, list[float | None] | list[int]]:
+    """Per-version metric series for the charts: x is the prompt version (0 = initial prompt)."""
+    evals: dict[int, dict[str, Any]] = {}
+    if initial:
+        evals[0] = initial
+    stats: dict[int, dict[str, Any]] = {}
+    for r in rounds:
+        if r["state"] == "closed" and r.get("result_version") is not None:
+            if r.get("evaluation"):
+                evals[r["result_version"]] = r["evaluation"]
+            stats[r["result_version"]] = r.get("stats") or {}
+    versions = sorted({*evals, *stats})
+    return {
+        "version": versions,
+        "accuracy": [_num((evals.get(v) or {}).get("accuracy")) for v in versions],
+        "loss": [_num((evals.get(v) or {}).get("loss")) for v in versions],
+        "asr": [_num((evals.get(v) or {}).get("asr")) for v in versions],
+        "train_loss": [_num((stats.get(v) or {}).get("train_loss")) for v in versions],
+        "bytes_up": [_num((stats.get(v) or {}).get("bytes_up")) for v in versions],
+        "bytes_down": [_num((stats.get(v) or {}).get("bytes_down")) for v in versions],
+    }
+
+
+def communication(spec: dict[str, Any], rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Prompt size, bytes moved, and the ratio to full fine-tuning only when the spec states the model size."""
+    params = int(spec.get("num_virtual_tokens", 0)) * int(spec.get("hidden_size", 0))
+    closed = [r for r in rounds if r["state"] == "closed"]
+    up = sum(int((r.get("stats") or {}).get("bytes_up") or 0) for r in closed)
+    down = sum(int((r.get("stats") or {}).get("bytes_down") or 0) for r in closed)
+    updates = sum(int((r.get("stats") or {}).get("updates") or 0) for r in closed)
+    model_params = spec.get("model_parameters")
+    ratio = params / model_params if isinstance(model_params, int | float) and model_params > 0 else None
+    return {
+        "prompt_parameters": params,
+        "prompt_shape": [spec.get("num_virtual_tokens"), spec.get("hidden_size")],
+        "prompt_bytes": params * FLOAT32_BYTES,
+        "bytes_up": up,
+        "bytes_down": down,
+        "bytes_per_update": up / updates if updates else None,
+        "closed_rounds": len(closed),
+        "model_parameters": model_params if ratio is not None else None,
+        "ratio": ratio,
+    }
+
+
+def federation_detail(
+    status: dict[str, Any],
+    rounds: list[dict[str, Any]],
+    clients: list[dict[str, Any]],
+    initial_evaluation: dict[str, Any] | None,
+    refused: dict[int, int],
+    now: float,
+) -> dict[str, Any]:
+    """Everything the page shows about one federation."""
+    spec = status.get("spec") or {}
+    timeout = float(spec.get("availability_timeout_s", 600.0))
+    names = {c["id"]: c["name"] for c in clients}
+    missed: dict[int, int] = {}
+    for r in rounds:
+        if r["state"] in ("closed", "failed"):
+            for p in r["participants"]:
+                if not p["uploaded"]:
+                    missed[p["client_id"]] = missed.get(p["client_id"], 0) + 1
+    charts = series(rounds, initial_evaluation)
+    open_round = status.get("open_round")
+    participants = []
+    if open_round:
+        participants = [
+            {"client_id": p["client_id"], "name": names.get(p["client_id"], "?"), "uploaded": p["uploaded"]}
+            for p in open_round["participants"]
+        ]
+    return {
+        "id": status["id"],
+        "name": status["name"],
+        "state": status["state"],
+        "paused": bool(status["paused"]),
+        "completed": status["state"] == "completed",
+        "current_round": status["current_round"],
+        "rounds_total": status["rounds_total"],
+        "latest_version": status["latest_version"],
+        "clients_summary": status["clients"],
+        "quorum": int(spec.get("quorum", 1)),
+        "fraction": spec.get("fraction"),
+        "model": spec.get("model"),
+        "aggregation": (spec.get("aggregation") or {}).get("name"),
+        "open_round": open_round,
+        "deadline_at": open_round["deadline_at"] if open_round else None,
+        "participants": participants,
+        "uploaded": sum(1 for p in participants if p["uploaded"]),
+        "timeline": timeline(rounds, int(spec.get("quorum", 1)), now),
+        "failures": sum(1 for r in rounds if r["state"] == "failed"),
+        "retries": sum(1 for r in rounds if r["attempt"] > 1),
+        "series": charts,
+        "communication": communication(spec, rounds),
+        "clients": [
+            {
+                **c,
+                "status": client_status(c, now, timeout),
+                "missed": missed.get(c["id"], 0),
+                "refused": refused.get(c["id"], 0),
+            }
+            for c in clients
+        ],
+        "has_asr": any(v is not None for v in charts["asr"]),
+    }

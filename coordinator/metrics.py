@@ -1,0 +1,356 @@
+"""Prometheus metrics of the coordinator.
+
+Each app owns a ``CollectorRegistry`` (tests build several apps in one process). Counters and
+histograms count what *this process* saw: requests it served, uploads it answered, round
+transitions it committed. Several coordinator processes can share one database, so sum counters
+over processes (``sum by (state) (fedprompt_rounds_total)``). The gauges under ``fedprompt_db_*``
+and the client gauges are read from the database at scrape time, so they are global: every
+process reports the same values.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections import Counter as Tally
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import event, inspect
+from sqlalchemy.orm import Session, sessionmaker
+
+from coordinator.db import Round
+from coordinator.errors import (
+    Conflict,
+    Forbidden,
+    Gone,
+    Invalid,
+    NotFound,
+    ServiceError,
+    TooLarge,
+    Unauthorized,
+)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+log = logging.getLogger("fedprompt.rounds")
+
+UPLOAD_ROUTE = "/api/v1/federations/{fid}/rounds/{number}/update"
+UNMATCHED = "<unmatched>"
+ROUND_STATES = ("open", "closed", "failed")
+_ERRORS: tuple[type[ServiceError], ...] = (
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    Conflict,
+    Gone,
+    TooLarge,
+    Invalid,
+)
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+# The upload route's refusals, named after the ServiceError class that produces each status.
+REJECTION_REASONS: dict[int, str] = {cls.status: _snake(cls.__name__) for cls in _ERRORS}
+
+
+def rejection_reason(status: int) -> str:
+    """The reason label of a refused upload, from its HTTP status (e.g. 410 → 'gone')."""
+    if status in REJECTION_REASONS:
+        return REJECTION_REASONS[status]
+    return "server_error" if status >= 500 else f"http_{status}"
+
+
+def route_template(scope: Scope) -> str:
+    """The matched route's path template (bounded label values), or '<unmatched>'."""
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else UNMATCHED
+
+
+@dataclass(frozen=True)
+class RoundTransition:
+    """A round attempt that reached a state, as committed."""
+
+    federation_id: int
+    round: int
+    attempt: int
+    state: str
+    opened_at: float
+    closed_at: float | None
+    closed_by: str | None
+    failure_reason: str | None
+
+    @property
+    def seconds(self) -> float | None:
+        """How long the attempt was open (None while it is open)."""
+        return None if self.closed_at is None else self.closed_at - self.opened_at
+
+
+class DatabaseGauges(Collector):
+    """Gauges computed at scrape time from the database: global across coordinator processes."""
+
+    def __init__(self, counts: Callable[[], dict[str, Any]]) -> None:
+        self.counts = counts
+
+    def describe(self) -> list[Metric]:
+        """The gauges' names, without touching the database (called at registration)."""
+        return list(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        """Read the counts; a failing database yields fedprompt_database_up 0 and no other gauge."""
+        try:
+            counts = self.counts()
+        except Exception:  # a scrape must not fail because the DB is down: report it instead
+            logging.getLogger("fedprompt.metrics").warning("database gauges unavailable", exc_info=True)
+            up = GaugeMetricFamily("fedprompt_database_up", "1 if the database answered the scrape.")
+            up.add_metric([], 0)
+            yield up
+            return
+        yield from self._families(counts)
+
+    @staticmethod
+    def _families(counts: dict[str, Any] | None = None) -> Iterator[Metric]:
+        up = GaugeMetricFamily("fedprompt_database_up", "1 if the database answered the scrape.")
+        feds = GaugeMetricFamily(
+            "fedprompt_db_federations", "Federations by state (database; all processes).", labels=["state"]
+        )
+        rounds = GaugeMetricFamily(
+            "fedprompt_db_rounds", "Round attempts by state (database; all processes).", labels=["state"]
+        )
+        active = GaugeMetricFamily(
+            "fedprompt_active_clients",
+            "Clients not revoked that polled within the federation's availability_timeout_s.",
+            labels=["federation"],
+        )
+        enrolled = GaugeMetricFamily(
+            "fedprompt_enrolled_clients", "Clients ever enrolled, revoked included.", labels=["federation"]
+        )
+        revoked = GaugeMetricFamily("fedprompt_revoked_clients", "Revoked clients.", labels=["federation"])
+        if counts is not None:
+            up.add_metric([], 1)
+            for state, n in sorted(counts["federations"].items()):
+                feds.add_metric([state], n)
+            for state in sorted({*ROUND_STATES, "aggregating", *counts["rounds"]}):
+                rounds.add_metric([state], counts["rounds"].get(state, 0))
+            for fid, c in sorted(counts["clients"].items()):
+                active.add_metric([str(fid)], c["active"])
+                enrolled.add_metric([str(fid)], c["enrolled"])
+                revoked.add_metric([str(fid)], c["revoked"])
+        yield from (up, feds, rounds, active, enrolled, revoked)
+
+
+class CoordinatorMetrics:
+    """The coordinator's Prometheus metrics (own registry) and per-client refusal tallies."""
+
+    def __init__(self, counts: Callable[[], dict[str, Any]] | None = None) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.rounds = Counter(
+            "fedprompt_rounds",
+            "Round attempts that reached a state (open, closed, failed), committed by this process.",
+            ["state"],
+            registry=r,
+        )
+        self.round_seconds = Histogram(
+            "fedprompt_round_duration_seconds",
+            "Seconds from a round attempt's opening to its closing or failure (this process closed it).",
+            ["outcome"],
+            buckets=(1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600),
+            registry=r,
+        )
+        self.uploads = Counter(
+            "fedprompt_uploads",
+            "Uploads answered with 2xx by this process: accepted (201) or identical re-send (200).",
+            ["result"],
+            registry=r,
+        )
+        self.rejections = Counter(
+            "fedprompt_upload_rejections",
+            "Uploads refused by this process, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.upload_bytes = Counter(
+            "fedprompt_upload_bytes", "Body bytes of uploads accepted by this process.", registry=r
+        )
+        self.bytes_in = Counter(
+            "fedprompt_http_received_bytes", "Request body bytes received, by route.", ["route"], registry=r
+        )
+        self.bytes_out = Counter(
+            "fedprompt_http_sent_bytes", "Response body bytes sent, by route.", ["route"], registry=r
+        )
+        self.latency = Histogram(
+            "fedprompt_http_request_duration_seconds",
+            "Request latency by method, route template and status (long-polls included).",
+            ["method", "route", "status"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        for state in ROUND_STATES:
+            self.rounds.labels(state)
+        for result in ("accepted", "duplicate"):
+            self.uploads.labels(result)
+        for reason in REJECTION_REASONS.values():
+            self.rejections.labels(reason)
+        if counts is not None:
+            r.register(DatabaseGauges(counts))
+        self._lock = threading.Lock()
+        self._refused: Tally[tuple[int, int]] = Tally()
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def round_transition(self, t: RoundTransition) -> None:
+        """Count a committed round transition and observe the attempt's duration when it ends."""
+        if t.state not in ROUND_STATES:
+            return
+        self.rounds.labels(t.state).inc()
+        if t.seconds is not None and t.state in ("closed", "failed"):
+            self.round_seconds.labels(t.state).observe(max(t.seconds, 0.0))
+
+    def observe_request(
+        self, method: str, route: str, status: int, seconds: float, received: int, sent: int, scope: Scope
+    ) -> None:
+        """Record one served request: latency, bytes, and for the upload route its outcome."""
+        self.latency.labels(method, route, str(status)).observe(seconds)
+        if received:
+            self.bytes_in.labels(route).inc(received)
+        if sent:
+            self.bytes_out.labels(route).inc(sent)
+        if route != UPLOAD_ROUTE or method != "PUT":
+            return
+        if status == 201:
+            self.uploads.labels("accepted").inc()
+            self.upload_bytes.inc(received)
+        elif status == 200:
+            self.uploads.labels("duplicate").inc()
+        elif status >= 400:
+            self.rejections.labels(rejection_reason(status)).inc()
+            fid = (scope.get("path_params") or {}).get("fid")
+            cid = (scope.get("state") or {}).get("client_id")
+            if fid is not None and cid is not None:
+                with self._lock:
+                    self._refused[(int(fid), int(cid))] += 1
+
+    def refused_uploads(self, fid: int) -> dict[int, int]:
+        """Refused uploads per client of a federation, as seen by this process."""
+        with self._lock:
+            return {cid: n for (f, cid), n in self._refused.items() if f == fid}
+
+
+_PENDING = "fedprompt_round_transitions"
+
+
+def _transition(rnd: Round) -> RoundTransition:
+    return RoundTransition(
+        federation_id=rnd.federation_id,
+        round=rnd.number,
+        attempt=rnd.attempt,
+        state=rnd.state,
+        opened_at=rnd.opened_at,
+        closed_at=rnd.closed_at,
+        closed_by=rnd.closed_by,
+        failure_reason=rnd.failure_reason,
+    )
+
+
+def log_transition(t: RoundTransition) -> None:
+    """One structured log line per committed round transition."""
+    if t.state not in ROUND_STATES:
+        return
+    name = {"open": "round_opened", "closed": "round_closed", "failed": "round_failed"}[t.state]
+    fields: dict[str, Any] = {
+        "federation_id": t.federation_id,
+        "round": t.round,
+        "attempt": t.attempt,
+    }
+    if t.seconds is not None:
+        fields["seconds"] = round(t.seconds, 3)
+    if t.closed_by:
+        fields["closed_by"] = t.closed_by
+    if t.failure_reason:
+        fields["failure_reason"] = t.failure_reason
+    log.info(name, extra=fields)
+
+
+def instrument_sessions(sessions: sessionmaker, on_commit: Callable[[RoundTransition], None]) -> None:
+    """Report every round transition committed through these sessions (rolled-back ones are dropped)."""
+
+    @event.listens_for(sessions, "after_flush")
+    def _collect(session: Session, _ctx: Any) -> None:
+        pending: list[RoundTransition] = session.info.setdefault(_PENDING, [])
+        for obj in session.new:
+            if isinstance(obj, Round):
+                pending.append(_transition(obj))
+        for obj in session.dirty:
+            if isinstance(obj, Round) and inspect(obj).attrs.state.history.added:
+                pending.append(_transition(obj))
+
+    @event.listens_for(sessions, "after_commit")
+    def _report(session: Session) -> None:
+        for t in session.info.pop(_PENDING, []):
+            on_commit(t)
+
+    @event.listens_for(sessions, "after_rollback")
+    def _drop(session: Session) -> None:
+        session.info.pop(_PENDING, None)
+
+
+class MetricsMiddleware:
+    """Pure ASGI middleware: latency by route template, body bytes in/out, upload outcomes."""
+
+    def __init__(self, app: ASGIApp, metrics: CoordinatorMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve the request and record it, also when the app raises."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        seen = {"in": 0, "out": 0, "status": 500}
+        finished: list[float] = []  # when the last body byte left: background tasks run after it
+
+        async def counting_receive() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                seen["in"] += len(message.get("body", b""))
+            return message
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                seen["status"] = int(message["status"])
+            elif message["type"] == "http.response.body":
+                seen["out"] += len(message.get("body", b""))
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                finished.append(time.perf_counter())
+
+        try:
+            await self.app(scope, counting_receive, counting_send)
+        finally:
+            self.metrics.observe_request(
+                scope.get("method", "GET"),
+                route_template(scope),
+                seen["status"],
+                (finished[0] if finished else time.perf_counter()) - start,
+                seen["in"],
+                seen["out"],
+                scope,
+            )

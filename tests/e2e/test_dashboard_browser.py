@@ -1,0 +1,239 @@
+"""The dashboard in headless Chromium against a real coordinator process.
+
+Simulated sites (plain REST clients: random prompts, synthetic metrics) move a federation through
+its rounds while the page is open: the page must follow without a reload, and its "close round"
+button must close the round through the REST API. The screenshot goes to docs/dashboard.png (the
+README shows it) and, when FEDPROMPT_TEST_ARTIFACTS is set, into that folder too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+from prometheus_client.parser import text_string_to_metric_families
+
+from shared.client import CoordinatorClient
+from tests.helpers import ADMIN, coordinator_process, update_blob
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SPEC: dict[str, Any] = {
+    "name": "sst2-hospitals",
+    "num_virtual_tokens": 20,
+    "hidden_size": 384,
+    "rounds": 6,
+    "fraction": 1.0,
+    "min_clients": 3,
+    "quorum": 1,
+    "round_deadline_s": 600,
+}
+SITES = [("hospital-a", 1200), ("hospital-b", 800), ("hospital-c", 400)]
+# Synthetic per-version metrics the simulated sites report: (accuracy, loss, attack success rate).
+CURVE = [(0.51, 0.81, 0.12), (0.63, 0.69, 0.11), (0.72, 0.58, 0.10), (0.78, 0.50, 0.10)]
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    """Debian's Chromium driven by Playwright (never `playwright install`)."""
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)"
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class Sites:
+    """Three simulated sites that download the global prompt, upload updates and report metrics."""
+
+    def __init__(self, admin: CoordinatorClient, fid: int) -> None:
+        token = admin.create_enrollment_token(fid, max_uses=len(SITES))
+        self.fid = fid
+        self.clients: list[CoordinatorClient] = []
+        for name, samples in SITES:
+            enrolled = admin.enroll(fid, token, name=name, num_samples=samples, info={})
+            self.clients.append(admin.with_token(enrolled["token"]))
+
+    def upload(self, number: int, which: list[int]) -> None:
+        """Sites `which` train round `number` (download its base prompt, upload a random update)."""
+        for i in which:
+            c = self.clients[i]
+            c.prompt(self.fid, number - 1)
+            blob = update_blob(
+                SPEC,
+                seed=100 * number + i,
+                num_samples=SITES[i][1],
+                base_version=number - 1,
+                metrics={"loss": CURVE[min(number, len(CURVE) - 1)][1] + 0.05 * i},
+            )
+            status, _ = c.upload(self.fid, number, blob)
+            assert status == 201
+
+    def evaluate(self, version: int) -> None:
+        """Every site reports the synthetic metrics of a prompt version."""
+        acc, loss, asr = CURVE[min(version, len(CURVE) - 1)]
+        for i, c in enumerate(self.clients):
+            report = {
+                "version": version,
+                "num_samples": 100,
+                "accuracy": acc - 0.02 * i,
+                "loss": loss + 0.03 * i,
+                "metrics": {"asr": asr},
+            }
+            c.report_evaluation(self.fid, version, report)
+
+    def close(self) -> None:
+        """Close the HTTP clients."""
+        for c in self.clients:
+            c.close()
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The coordinator's /metrics as {(sample name, labels): value}."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
+def save_screenshot(page: Page, tmp_path: Path) -> Path:
+    """Full-page screenshot into tmp_path, docs/ and FEDPROMPT_TEST_ARTIFACTS (if set)."""
+    shot = tmp_path / "dashboard.png"
+    page.screenshot(path=str(shot), full_page=True)
+    png = shot.read_bytes()
+    (ROOT / "docs").mkdir(exist_ok=True)
+    (ROOT / "docs" / "dashboard.png").write_bytes(png)
+    artifacts = os.environ.get("FEDPROMPT_TEST_ARTIFACTS")
+    if artifacts:
+        Path(artifacts).mkdir(parents=True, exist_ok=True)
+        (Path(artifacts) / "dashboard.png").write_bytes(png)
+    return shot
+
+
+def test_dashboard_follows_rounds_live_and_closes_a_round(browser: Browser, tmp_path: Path) -> None:
+    # Prepare: a real coordinator, a federation with three enrolled sites; round 1 opens by itself
+    with coordinator_process(f"sqlite:///{tmp_path / 'dash.db'}", tmp_path) as (url, _):
+        admin = CoordinatorClient(url, ADMIN)
+        fid = admin.create_federation(SPEC)["id"]
+        sites = Sites(admin, fid)
+        sites.evaluate(0)
+        other = admin.create_federation({**SPEC, "name": "agnews-banks", "min_clients": 2})["id"]
+        context = browser.new_context(viewport={"width": 1440, "height": 1000})
+        page = context.new_page()
+        problems: list[str] = []
+        page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+
+        # Execute: log in through the form
+        page.goto(f"{url}/dashboard")
+        expect(page).to_have_url(f"{url}/dashboard/login")
+        page.fill("#token", ADMIN)
+        page.click("button[type=submit]")
+        expect(page).to_have_url(f"{url}/dashboard")
+        head = page.locator("#fed-head")
+        expect(head).to_contain_text(SPEC["name"])
+        expect(page.locator("[data-current-round]")).to_have_text("1 / 6")
+
+        # Assert: the token is nowhere but in an HttpOnly, SameSite=Strict cookie derived from it
+        cookies = {c["name"]: c for c in context.cookies()}
+        session = cookies["fedprompt_session"]
+        assert session["httpOnly"] and session["sameSite"] == "Strict" and session["path"] == "/"
+        assert ADMIN not in session["value"]
+        assert ADMIN not in page.content() and ADMIN not in page.url
+        assert page.evaluate("document.cookie") == ""
+
+        # Execute: two rounds complete while the page stays open (marker: no reload happens)
+        page.evaluate("window.__noReload = 'still here'")
+        for number in (1, 2):
+            sites.upload(number, [0, 1, 2])
+            sites.evaluate(number)
+
+        # Assert: the page shows round 3 and the closed rounds, without reloading
+        expect(page.locator("[data-current-round]")).to_have_text("3 / 6", timeout=15_000)
+        expect(page.locator('#fed-timeline tr[data-round="2"][data-state="closed"]')).to_be_visible()
+        assert page.evaluate("window.__noReload") == "still here"
+
+        # Execute: two of three sites upload round 3, then the operator closes it from the page
+        sites.upload(3, [0, 1])
+        expect(page.locator("[data-uploaded]")).to_have_text("2 / 3", timeout=15_000)
+        page.click('button[data-action="close-round"]')
+        dialog = page.locator("dialog#confirm")
+        expect(dialog).to_be_visible()
+        expect(dialog).to_contain_text("Close round 3")
+        page.click("#confirm-ok")
+
+        # Assert: round 3 closed by the operator, round 4 open, on the page and in the API
+        expect(page.locator('#fed-timeline tr[data-round="3"][data-state="closed"]')).to_be_visible(
+            timeout=15_000
+        )
+        expect(page.locator("[data-current-round]")).to_have_text("4 / 6", timeout=15_000)
+        expect(page.locator("#flash")).to_contain_text("Close round 3: done")
+        assert admin.rounds(fid)[2]["closed_by"] == "operator"
+        assert page.evaluate("window.__noReload") == "still here"
+
+        # Cancelling a confirmation does nothing: the client stays enrolled
+        page.click('tr[data-client="3"] button[data-action="revoke"]')
+        expect(dialog).to_contain_text("Revoke client 3 'hospital-c'?")
+        page.click("#confirm-cancel")
+        expect(dialog).to_be_hidden()
+        assert [c["revoked"] for c in admin.clients(fid)] == [False, False, False]
+
+        # Switching federations happens in place too
+        page.click(f'[data-select-federation="{other}"]')
+        expect(head).to_contain_text("agnews-banks")
+        expect(page).to_have_url(f"{url}/dashboard?federation={other}")
+        expect(page.locator("#chart-accuracy")).to_contain_text("no closed round yet")
+        page.click(f'[data-select-federation="{fid}"]')
+        expect(head).to_contain_text(SPEC["name"])
+        assert page.evaluate("window.__noReload") == "still here"
+
+        # The charts take the new evaluation; then the screenshot for the README
+        sites.evaluate(3)
+        expect(page.locator("#fed-timeline tr[data-round='3'] td").nth(8)).not_to_have_text(
+            "—", timeout=15_000
+        )
+        page.wait_for_function("document.querySelectorAll('#charts .uplot').length === 4")
+        shot = save_screenshot(page, tmp_path)
+        assert shot.stat().st_size > 20_000
+        assert problems == [], problems
+
+        # The same federation in /metrics: 3 rounds closed, 4 opened, 8 uploads accepted
+        samples = scrape(url)
+        assert samples[("fedprompt_rounds_total", (("state", "closed"),))] == 3
+        assert samples[("fedprompt_rounds_total", (("state", "open"),))] == 4
+        assert samples[("fedprompt_uploads_total", (("result", "accepted"),))] == 8
+        assert samples[("fedprompt_active_clients", (("federation", str(fid)),))] == 3
+        context.close()
+        sites.close()
+        admin.close()
+
+    # The coordinator's stderr went to a file, so its log is JSON lines, round events included
+    log_file = tmp_path / f"coordinator-{url.rsplit(':', 1)[1]}.log"
+    events = [json.loads(line) for line in log_file.read_text().splitlines() if line.strip()]
+    closed = [e for e in events if e["event"] == "round_closed" and e["federation_id"] == fid]
+    assert [(e["round"], e["closed_by"]) for e in closed] == [
+        (1, "all-uploaded"),
+        (2, "all-uploaded"),
+        (3, "operator"),
+    ]
+    assert all(e.get("request_id") for e in closed)  # each was caused by a request
