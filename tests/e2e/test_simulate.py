@@ -95,14 +95,14 @@ def test_sigint_mid_round_leaves_no_process_and_rerun_continues(tmp_path: Path) 
     try:
         wait_for(
             lambda: (out / "fedprompt.db").exists() and (out / "simulation.json").exists(),
-            180,
+            600,
             "the federation",
         )
         wait_for(
             lambda: (
                 any(r["state"] == "closed" for r in _history(out)) and _history(out)[-1]["state"] == "open"
             ),
-            400,
+            600,
             "round 1 to close and round 2 to open",
             interval=0.5,
         )

@@ -41,7 +41,7 @@ def test_three_workers_two_rounds(tmp_path: Path) -> None:
         token = admin.create_enrollment_token(fid)
         workers = [start_worker(url, fid, token, i, 3, tmp_path) for i in range(3)]
         try:
-            wait_for(lambda: admin.federation(fid)["state"] == "completed", 240, "2 rounds to complete")
+            wait_for(lambda: admin.federation(fid)["state"] == "completed", 600, "2 rounds to complete")
             rounds = admin.rounds(fid)
             assert [(r["round"], r["state"]) for r in rounds] == [(1, "closed"), (2, "closed")]
             assert all(r["stats"]["updates"] == 3 for r in rounds)
@@ -73,7 +73,7 @@ def test_worker_killed_during_training_rejoins_without_duplicate(tmp_path: Path)
             procs += [victim, other]
             wait_for(
                 lambda: (s := worker_status(victim_url)) and s["state"] == "training" and s["step"] >= 2,
-                180,
+                600,
                 "the worker to be training",
             )
             victim.send_signal(signal.SIGKILL)
@@ -81,7 +81,7 @@ def test_worker_killed_during_training_rejoins_without_duplicate(tmp_path: Path)
             # Restart with the same state directory and no enrolment token: it reuses its credentials.
             again, again_url = start_worker(url, fid, None, 0, 2, tmp_path)
             procs.append(again)
-            wait_for(lambda: admin.federation(fid)["state"] == "completed", 240, "the round to complete")
+            wait_for(lambda: admin.federation(fid)["state"] == "completed", 600, "the round to complete")
             status = wait_for(lambda: worker_status(again_url), 30, "restarted worker status")
             assert status["rounds_trained"] == [1]
         finally:
@@ -110,7 +110,7 @@ def test_update_survives_coordinator_downtime(tmp_path: Path) -> None:
             procs += [a, b]
             wait_for(
                 lambda: all((s := worker_status(u)) and s["state"] == "training" for u in (a_url, b_url)),
-                180,
+                600,
                 "both workers to be training",
             )
             coord.send_signal(signal.SIGKILL)
@@ -118,7 +118,7 @@ def test_update_survives_coordinator_downtime(tmp_path: Path) -> None:
         # Both finish training while the coordinator is down and keep retrying their uploads.
         wait_for(
             lambda: all((s := worker_status(u)) and s["state"] == "uploading" for u in (a_url, b_url)),
-            180,
+            600,
             "both workers to retry their uploads",
         )
         assert all(
