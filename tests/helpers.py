@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import httpx
 import numpy as np
 
 from shared import wire
+from shared.local import free_port, wait_ready
 from shared.spec import FederationSpec
 
 ADMIN = "test-admin-token-0123456789abcdef"
@@ -55,26 +55,12 @@ def update_blob(
     return wire.encode(random_tensors(spec, seed), meta)
 
 
-def free_port() -> int:
-    """An unused loopback port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
-    """Poll /readyz until the service answers 200."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def _exited(proc: subprocess.Popen | None) -> Any:
+    def check() -> None:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before becoming ready")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} not ready after {timeout}s")
+
+    return check
 
 
 def coordinator_cmd() -> list[str]:
@@ -105,7 +91,7 @@ def coordinator_process(
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url, proc=proc)
+        wait_ready(url, 60.0, _exited(proc))
         yield url, proc
     finally:
         if proc.poll() is None:

@@ -27,6 +27,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from shared.client import CoordinatorClient
+from shared.local import free_port, wait_ready
 from shared.spec import DEFAULT_MODEL, FederationSpec
 
 console = Console()
@@ -43,14 +44,6 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _bin(name: str) -> str:
@@ -99,21 +92,6 @@ class Processes:
                 proc.wait()
         for log in self.logs:
             log.close()
-
-
-def _wait_ready(url: str, procs: Processes, timeout: float = 120) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        procs.check()
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise SimulationError(f"the coordinator at {url} did not become ready in {timeout:.0f}s")
 
 
 def resolve_dataset_arg(dataset: str) -> tuple[Path, str, str]:
@@ -442,7 +420,7 @@ def simulate_command(
 
     old_term = signal.signal(signal.SIGTERM, on_term)
     try:
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         procs.start(
             "coordinator",
@@ -450,7 +428,10 @@ def simulate_command(
             out / "logs" / "coordinator.log",
             env,
         )
-        _wait_ready(url, procs)
+        try:
+            wait_ready(url, check=procs.check)
+        except TimeoutError as exc:
+            raise SimulationError(str(exc)) from None
         admin = CoordinatorClient(url, admin_token)
         if previous is not None:
             fid = int(previous["federation_id"])
@@ -532,7 +513,7 @@ def simulate_command(
                 "--state-dir",
                 str(out / "workers" / str(i)),
                 "--port",
-                str(_free_port()),
+                str(free_port()),
                 "--name",
                 f"client-{i}",
                 "--threads",

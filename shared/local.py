@@ -1,0 +1,31 @@
+"""Helpers for running services on this machine's loopback: free ports, readiness."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+
+import httpx
+
+
+def free_port() -> int:
+    """An unused loopback port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, timeout: float = 120.0, check: Callable[[], None] | None = None) -> None:
+    """Poll `url`/readyz until it answers 200; `check` may raise to give up early (a dead process)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check is not None:
+            check()
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} did not become ready in {timeout:.0f}s")
