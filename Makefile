@@ -22,6 +22,7 @@ $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 install: $(STAMP)
 
 demo: $(STAMP)
+	rm -rf runs/demo
 	$(BIN)/fedprompt simulate --dataset sst2 --clients 4 --fraction 0.5 --rounds 3 \
 		--local-steps 100 --train-limit 8000 --out runs/demo
 

@@ -211,6 +211,7 @@ def plot_accuracy(path: Path, results: dict[str, Any]) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     xs, ys = [], []
     if results.get("initial_accuracy") is not None:
@@ -233,6 +234,7 @@ def plot_accuracy(path: Path, results: dict[str, Any]) -> None:
         ax.axhline(
             100 * baseline["accuracy"], color="tab:red", linestyle="--", label="centralised, same samples"
         )
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(f"{results.get('dataset', '')} · {spec['model'].split('/')[-1]} · prompt tuning")
