@@ -227,7 +227,7 @@ def plot_accuracy(path: Path, results: dict[str, Any]) -> None:
         xs,
         [100 * y for y in ys],
         marker="o",
-        label=f"federated (K={results.get('clients')}, C={spec['fraction']})",
+        label=f"federated (K={results.get('clients')}, C={spec['fraction']}, {results.get('partition', 'iid')})",
     )
     baseline = results.get("baseline")
     if baseline and baseline.get("accuracy") is not None:
