@@ -2,8 +2,9 @@
 
 Simulated sites (plain REST clients: random prompts, synthetic metrics) move a federation through
 its rounds while the page is open: the page must follow without a reload, and its "close round"
-button must close the round through the REST API. The screenshot goes to docs/dashboard.png (the
-README shows it) and, when FEDPROMPT_TEST_ARTIFACTS is set, into that folder too.
+button must close the round through the REST API. The screenshot is a test artifact: it goes to
+runs/test-artifacts/ (or FEDPROMPT_TEST_ARTIFACTS), and to docs/dashboard.png (the README shows it)
+when FEDPROMPT_UPDATE_DOCS=1.
 """
 
 from __future__ import annotations
@@ -117,16 +118,15 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def save_screenshot(page: Page, tmp_path: Path) -> Path:
-    """Full-page screenshot into tmp_path, docs/ and FEDPROMPT_TEST_ARTIFACTS (if set)."""
+    """Full-page screenshot into the artifacts folder (and docs/ when FEDPROMPT_UPDATE_DOCS=1)."""
     shot = tmp_path / "dashboard.png"
     page.screenshot(path=str(shot), full_page=True)
     png = shot.read_bytes()
-    (ROOT / "docs").mkdir(exist_ok=True)
-    (ROOT / "docs" / "dashboard.png").write_bytes(png)
-    artifacts = os.environ.get("FEDPROMPT_TEST_ARTIFACTS")
-    if artifacts:
-        Path(artifacts).mkdir(parents=True, exist_ok=True)
-        (Path(artifacts) / "dashboard.png").write_bytes(png)
+    artifacts = Path(os.environ.get("FEDPROMPT_TEST_ARTIFACTS") or ROOT / "runs" / "test-artifacts")
+    artifacts.mkdir(parents=True, exist_ok=True)
+    (artifacts / "dashboard.png").write_bytes(png)
+    if os.environ.get("FEDPROMPT_UPDATE_DOCS") == "1":
+        (ROOT / "docs" / "dashboard.png").write_bytes(png)
     return shot
 
 
