@@ -36,7 +36,7 @@ from coordinator.db import (
     Update,
 )
 from coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound, Unauthorized
-from coordinator.logic.aggregation import AggregationError, aggregate, available_rules
+from coordinator.logic.aggregation import AggregationError, aggregate, check_params
 from coordinator.logic.selection import select_clients
 from shared import wire
 from shared.spec import FederationSpec, initial_prompt
@@ -111,11 +111,10 @@ class Coordinator:
 
     def create_federation(self, spec: FederationSpec) -> Federation:
         """Create a federation and its seeded initial prompt (version 0)."""
-        if spec.aggregation.name not in available_rules():
-            raise Invalid(
-                f"unknown aggregation rule '{spec.aggregation.name}'; available: {available_rules()}",
-                field="aggregation.name",
-            )
+        try:
+            check_params(spec.aggregation.name, spec.aggregation.params)
+        except AggregationError as exc:
+            raise Invalid(f"invalid federation spec: aggregation: {exc}", field="aggregation") from None
         now = self.clock()
         blob = wire.encode(initial_prompt(spec), {"version": "0", "method": spec.method})
         with self._tx() as s:

@@ -7,6 +7,7 @@ run in a canonical order so the result does not depend on arrival order.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,6 +95,27 @@ def available_rules() -> list[str]:
     return sorted(_RULES)
 
 
+def check_params(name: str, params: Mapping[str, Any] | None) -> None:
+    """Validate a rule's name and parameters up front (a dry run on small synthetic updates)."""
+    if name not in _RULES:
+        raise AggregationError(f"unknown aggregation rule '{name}'; available: {available_rules()}")
+    accepted = [
+        p.name
+        for p in inspect.signature(_RULES[name]).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name != "global_tensors"
+    ]
+    unknown = sorted(set(params or {}) - set(accepted))
+    if unknown:
+        raise AggregationError(
+            f"aggregation rule '{name}' has no parameter(s) {unknown}; it takes {accepted}"
+        )
+    f = (params or {}).get("f", 0)
+    n = max(5, 2 * int(f) + 3) if isinstance(f, int | float) else 5
+    rng = np.random.default_rng(0)
+    dry = [({"p": rng.standard_normal(4).astype(np.float32)}, float(i + 1)) for i in range(n)]
+    aggregate(name, dry, params=params, global_tensors={"p": np.zeros(4, np.float32)})
+
+
 def aggregate(
     name: str,
     updates: Weighted,
@@ -108,5 +130,5 @@ def aggregate(
         raise AggregationError(f"unknown aggregation rule '{name}'; available: {available_rules()}") from None
     try:
         return rule(updates, global_tensors=global_tensors, **dict(params or {}))
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise AggregationError(f"bad parameters for aggregation rule '{name}': {exc}") from None

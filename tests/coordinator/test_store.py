@@ -234,3 +234,20 @@ def test_stale_base_version_is_refused(service: Coordinator) -> None:
     a, _ = _enrol(service, fid, 2)
     with pytest.raises(Conflict, match="version 3"):
         service.upload(fid, 1, a, update_blob(spec, 1, base_version=3))
+
+
+def test_robust_rule_notes_appear_in_the_round_history(service: Coordinator) -> None:
+    fid, spec = _federation(service, aggregation={"name": "norm_bound", "params": {"bound": 0.5}})
+    a, b = _enrol(service, fid, 2)
+    service.upload(fid, 1, a, update_blob(spec, 1))
+    service.upload(fid, 1, b, update_blob(spec, 2))
+    service.after_upload(fid)
+    notes = service.round_detail(fid, 1)["stats"]["notes"]
+    assert set(notes) == {str(a.id), str(b.id)} and all("clipped" in n for n in notes.values())
+
+
+def test_invalid_aggregation_params_are_refused_at_creation(service: Coordinator) -> None:
+    from coordinator.errors import Invalid
+
+    with pytest.raises(Invalid, match="beta"):
+        _federation(service, aggregation={"name": "trimmed_mean", "params": {"beta": 0.9}})
