@@ -1,0 +1,128 @@
+"""Authorisation matrix: every API route × {no token, wrong token, other federation's client,
+client token, admin token} answers as designed, and a refused call changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from coordinator.app import create_app
+from coordinator.config import Settings
+from coordinator.migrate import upgrade
+from tests.coordinator.test_api import snapshot
+from tests.helpers import ADMIN, SMALL_SPEC, update_blob
+
+PUBLIC, ADMIN_ONLY, CLIENT, EITHER, ENROL = "public", "admin", "client", "either", "enrol"
+
+ROUTES: dict[tuple[str, str], str] = {
+    ("GET", "/healthz"): PUBLIC,
+    ("GET", "/readyz"): PUBLIC,
+    ("GET", "/metrics"): PUBLIC,
+    ("GET", "/api/v1/federations"): ADMIN_ONLY,
+    ("POST", "/api/v1/federations"): ADMIN_ONLY,
+    ("GET", "/api/v1/federations/{fid}"): ADMIN_ONLY,
+    ("POST", "/api/v1/federations/{fid}/pause"): ADMIN_ONLY,
+    ("POST", "/api/v1/federations/{fid}/resume"): ADMIN_ONLY,
+    ("GET", "/api/v1/federations/{fid}/events"): ADMIN_ONLY,
+    ("GET", "/api/v1/federations/{fid}/spec"): EITHER,
+    ("GET", "/api/v1/federations/{fid}/prompts/{version}"): EITHER,
+    ("PUT", "/api/v1/federations/{fid}/prompts/0"): ADMIN_ONLY,
+    ("POST", "/api/v1/federations/{fid}/enrollment-tokens"): ADMIN_ONLY,
+    ("POST", "/api/v1/federations/{fid}/clients"): ENROL,
+    ("GET", "/api/v1/federations/{fid}/clients"): ADMIN_ONLY,
+    ("DELETE", "/api/v1/federations/{fid}/clients/{cid}"): ADMIN_ONLY,
+    ("POST", "/api/v1/federations/{fid}/rounds"): ADMIN_ONLY,
+    ("GET", "/api/v1/federations/{fid}/rounds"): ADMIN_ONLY,
+    ("POST", "/api/v1/federations/{fid}/rounds/{number}/close"): ADMIN_ONLY,
+    ("GET", "/api/v1/federations/{fid}/rounds/{number}"): ADMIN_ONLY,
+    ("GET", "/api/v1/federations/{fid}/evaluations/{version}"): ADMIN_ONLY,
+    ("GET", "/api/v1/federations/{fid}/task"): CLIENT,
+    ("PUT", "/api/v1/federations/{fid}/rounds/{number}/update"): CLIENT,
+    ("POST", "/api/v1/federations/{fid}/rounds/{number}/evaluation"): CLIENT,
+}
+TOKENS = ["none", "wrong", "other-federation client", "client", "admin"]
+
+# Expected status for a refused call; None means "allowed": any answer but 401/403.
+EXPECTED: dict[str, dict[str, int | None]] = {
+    PUBLIC: dict.fromkeys(TOKENS),
+    ADMIN_ONLY: {"none": 401, "wrong": 403, "other-federation client": 403, "client": 403, "admin": None},
+    CLIENT: {"none": 401, "wrong": 401, "other-federation client": 403, "client": None, "admin": 401},
+    EITHER: {"none": 401, "wrong": 401, "other-federation client": 403, "client": None, "admin": None},
+    ENROL: {"none": 401, "wrong": 401, "other-federation client": 401, "client": 401, "admin": 401},
+}
+
+
+@pytest.fixture
+def world(tmp_path) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    url = f"sqlite:///{tmp_path / 'authz.db'}"
+    upgrade(url)
+    app = create_app(Settings(database_url=url, admin_token=ADMIN, data_dir=tmp_path), sweep=False)
+    with TestClient(app) as api:
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        ids, tokens = [], []
+        for name in ("a", "b"):
+            fid = api.post("/api/v1/federations", json={**SMALL_SPEC, "name": name}, headers=admin).json()[
+                "id"
+            ]
+            enrol = api.post(f"/api/v1/federations/{fid}/enrollment-tokens", json={}, headers=admin).json()[
+                "token"
+            ]
+            clients = [
+                api.post(
+                    f"/api/v1/federations/{fid}/clients",
+                    json={"name": f"{name}{i}", "num_samples": 5},
+                    headers={"Authorization": f"Bearer {enrol}"},
+                ).json()
+                for i in range(2)
+            ]
+            ids.append(fid)
+            tokens.append(clients)
+        yield {"api": api, "fid": ids[0], "clients": tokens[0], "other": tokens[1][0]}
+
+
+def test_every_route_is_classified() -> None:
+    app = create_app(Settings(database_url="sqlite://", admin_token=ADMIN), sweep=False)
+    documented = {(m.upper(), p) for p, ops in app.openapi()["paths"].items() for m in ops}
+    assert documented == set(ROUTES)
+
+
+@pytest.mark.parametrize("route", list(ROUTES), ids=lambda r: f"{r[0]} {r[1]}")
+@pytest.mark.parametrize("who", TOKENS)
+def test_route_answers_each_token_as_designed(
+    world: dict[str, Any], route: tuple[str, str], who: str
+) -> None:
+    api: TestClient = world["api"]
+    method, template = route
+    me = world["clients"][0]
+    path = template.format(fid=world["fid"], cid=world["clients"][1]["client_id"], version=0, number=1)
+    if template.endswith("/evaluation"):
+        path = template.format(fid=world["fid"], number=0)
+    headers = {
+        "none": {},
+        "wrong": {"Authorization": "Bearer fpc_this-is-not-a-token"},
+        "other-federation client": {"Authorization": f"Bearer {world['other']['token']}"},
+        "client": {"Authorization": f"Bearer {me['token']}"},
+        "admin": {"Authorization": f"Bearer {ADMIN}"},
+    }[who]
+    kwargs: dict[str, Any] = {}
+    if template.endswith("/update") or template.endswith("/prompts/0"):
+        kwargs["content"] = update_blob(SMALL_SPEC, 1, base_version=0)
+    elif template.endswith("/evaluation"):
+        kwargs["json"] = {"num_samples": 3, "accuracy": 0.5}
+    elif template == "/api/v1/federations":
+        kwargs["json"] = SMALL_SPEC
+    elif method == "POST" and template.endswith("/clients"):
+        kwargs["json"] = {"name": "intruder", "num_samples": 1}
+    before = snapshot(api)
+    resp = api.request(method, path, headers=headers, **kwargs)
+    expected = EXPECTED[ROUTES[route]][who]
+    if expected is None:
+        assert resp.status_code not in (401, 403), resp.text
+        assert resp.status_code < 500, resp.text
+    else:
+        assert resp.status_code == expected, resp.text
+        assert resp.headers["content-type"].startswith("application/problem+json")
+        assert snapshot(api) == before
