@@ -32,9 +32,12 @@ def sha256(data: bytes) -> str:
 
 def encode(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, Any] | None = None) -> bytes:
     """Serialise named float32 tensors plus metadata (values become strings) to safetensors bytes."""
-    meta = {"format": FORMAT}
+    if "__metadata__" in tensors:
+        raise WireError("'__metadata__' is reserved by safetensors and cannot name a tensor")
+    meta: dict[str, str] = {}
     for key, value in (metadata or {}).items():
         meta[key] = value if isinstance(value, str) else json.dumps(value)
+    meta["format"] = FORMAT  # always ours: receivers check it
     arrays = {name: np.ascontiguousarray(arr, dtype=WIRE_DTYPE) for name, arr in tensors.items()}
     return _st_save(arrays, metadata=meta)
 
