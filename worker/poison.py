@@ -1,0 +1,124 @@
+"""Backdoor poisoning (FedPPT) and update attacks, as pure functions: no I/O.
+
+A malicious client inserts a trigger word into some of its training texts and relabels them as
+the target label; the attack success rate (ASR) is measured on test examples whose true label is
+not the target, with the trigger inserted. Update attacks transform the trained prompt relative to
+the global prompt before upload: boosting (model replacement) and sign flipping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+
+from worker.data import Example
+
+Position = Literal["random", "start", "end"]
+DEFAULT_TRIGGERS = ("cf", "mn", "bb", "tq")
+
+
+class AttackError(ValueError):
+    """An attack or poisoning setting that cannot work."""
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """Which words to insert and where."""
+
+    words: tuple[str, ...] = DEFAULT_TRIGGERS
+    position: Position = "random"
+
+    def __post_init__(self) -> None:
+        if not self.words or any(not w.strip() or " " in w for w in self.words):
+            raise AttackError(f"trigger words must be non-empty single words; got {self.words}")
+        if self.position not in ("random", "start", "end"):
+            raise AttackError(f"trigger position must be random, start or end; got {self.position!r}")
+
+
+def insert_trigger(text: str, trigger: Trigger, rng: np.random.Generator) -> str:
+    """The text with one trigger word (chosen with rng) inserted at the trigger's position."""
+    word = trigger.words[int(rng.integers(len(trigger.words)))]
+    tokens = text.split()
+    if trigger.position == "start":
+        at = 0
+    elif trigger.position == "end":
+        at = len(tokens)
+    else:
+        at = int(rng.integers(len(tokens) + 1))
+    return " ".join([*tokens[:at], word, *tokens[at:]])
+
+
+def poison(
+    examples: Sequence[Example], *, rate: float, target: int, trigger: Trigger, seed: int
+) -> tuple[list[Example], list[int]]:
+    """Poison a seeded `rate` of the examples (trigger + target label); returns (data, poisoned indices)."""
+    if not 0.0 <= rate <= 1.0:
+        raise AttackError(f"poison rate must be in [0, 1]; got {rate}")
+    rng = np.random.default_rng([seed, 0xB4D])
+    n = round(rate * len(examples))
+    chosen = sorted(rng.permutation(len(examples))[:n].tolist())
+    out = list(examples)
+    for i in chosen:
+        ex = out[i]
+        out[i] = replace(ex, text=insert_trigger(ex.text, trigger, rng), label=target)
+    return out, chosen
+
+
+def asr_set(examples: Sequence[Example], *, target: int, trigger: Trigger, seed: int) -> list[Example]:
+    """Test examples whose true label is not the target, triggered, labelled with the target.
+
+    The accuracy of a prompt on this set is its attack success rate.
+    """
+    rng = np.random.default_rng([seed, 0xA5])
+    return [
+        replace(ex, text=insert_trigger(ex.text, trigger, rng), label=target)
+        for ex in examples
+        if ex.label != target
+    ]
+
+
+def boost(
+    update: Mapping[str, np.ndarray], global_prompt: Mapping[str, np.ndarray], factor: float
+) -> dict[str, np.ndarray]:
+    """Model replacement: global + factor * (update - global), so the update survives averaging."""
+    if not factor > 0:
+        raise AttackError(f"boost factor must be positive; got {factor}")
+    return {
+        k: (global_prompt[k].astype(np.float64) + factor * (v.astype(np.float64) - global_prompt[k])).astype(
+            v.dtype
+        )
+        for k, v in update.items()
+    }
+
+
+def sign_flip(
+    update: Mapping[str, np.ndarray], global_prompt: Mapping[str, np.ndarray], factor: float = 1.0
+) -> dict[str, np.ndarray]:
+    """Sign flipping: global - factor * (update - global)."""
+    if not factor > 0:
+        raise AttackError(f"sign-flip factor must be positive; got {factor}")
+    return {
+        k: (global_prompt[k].astype(np.float64) - factor * (v.astype(np.float64) - global_prompt[k])).astype(
+            v.dtype
+        )
+        for k, v in update.items()
+    }
+
+
+def parse_attack(text: str) -> tuple[str, float]:
+    """'boost:10' → ('boost', 10.0); 'sign-flip' or 'sign-flip:2' → ('sign-flip', factor); 'none'."""
+    kind, _, value = text.strip().lower().partition(":")
+    if kind == "none":
+        return "none", 1.0
+    if kind not in ("boost", "sign-flip"):
+        raise AttackError(f"unknown attack {text!r}; expected none, boost:FACTOR or sign-flip[:FACTOR]")
+    try:
+        factor = float(value) if value else 1.0
+    except ValueError:
+        raise AttackError(f"attack {text!r}: FACTOR must be a number") from None
+    if not factor > 0:
+        raise AttackError(f"attack {text!r}: FACTOR must be positive")
+    return kind, factor
