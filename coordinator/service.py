@@ -25,6 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator.db import (
+    MAX_ID,
     Client,
     EnrollmentToken,
     Evaluation,
@@ -693,6 +694,10 @@ class Coordinator:
                     number = int(version)
                 except ValueError:
                     raise Invalid(f"version must be a number or 'latest', not '{version}'") from None
+                if not 0 <= number <= MAX_ID:
+                    raise NotFound(
+                        f"prompt version {number} does not exist; the latest is {fed.latest_version}"
+                    )
             pv = s.scalars(
                 select(PromptVersion).where(
                     PromptVersion.federation_id == fid, PromptVersion.version == number
@@ -941,7 +946,7 @@ def _parse_update_metadata(meta: dict[str, str], spec: FederationSpec) -> tuple[
         raise Invalid(
             "metadata 'num_samples' (a positive integer) is required in the safetensors header"
         ) from None
-    if num_samples < 1 or num_samples > 10**12:
+    if num_samples < 1 or num_samples > MAX_ID:
         raise Invalid(f"metadata 'num_samples' must be a positive integer, got {num_samples}")
     metrics: dict[str, Any] = {}
     if "metrics" in meta:

@@ -23,7 +23,7 @@ class AggregationSpec(BaseModel):
 class FederationSpec(BaseModel):
     """A federation: model, prompt, task template, round schedule and local training config."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
 
     name: str = Field("federation", min_length=1, max_length=200)
     model: str = Field(DEFAULT_MODEL, min_length=1, description="Hub id or local path of the frozen PLM.")
@@ -40,7 +40,9 @@ class FederationSpec(BaseModel):
     max_length: int = Field(128, ge=8, le=4096)
     rounds: int = Field(10, ge=1, le=100000, description="T: number of federated rounds.")
     fraction: float = Field(1.0, description="C: fraction of clients selected per round, in (0, 1].")
-    min_clients: int = Field(2, ge=1, description="Wait for this many clients; select at least this many.")
+    min_clients: int = Field(
+        2, ge=1, le=1_000_000, description="Wait for this many clients; select at least this many."
+    )
     expected_clients: int | None = Field(
         None, ge=1, description="Round 1 waits until this many clients enrolled (default: min_clients)."
     )
@@ -52,7 +54,7 @@ class FederationSpec(BaseModel):
     local_steps: int = Field(100, ge=1, le=1_000_000)
     batch_size: int = Field(16, ge=1, le=4096)
     lr: float = Field(0.3, gt=0, le=100)
-    grad_clip: float = Field(1.0, ge=0)
+    grad_clip: float = Field(1.0, ge=0, le=1e6)
     aggregation: AggregationSpec = Field(default_factory=AggregationSpec)
     seed: int = Field(0, ge=0, le=2**32 - 1)
     auto_advance: bool = True
@@ -79,6 +81,10 @@ class FederationSpec(BaseModel):
         if "[MASK]" not in self.template:
             raise ValueError("template needs a [MASK] slot where the label word is read")
         return self
+
+    def prompt_bytes(self) -> int:
+        """Size of the communicated tensors as float32."""
+        return 4 * sum(math.prod(shape) for shape in self.tensor_shapes().values())
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Names and shapes of the communicated tensors."""

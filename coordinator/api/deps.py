@@ -15,10 +15,10 @@ import hmac
 import time
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 
 from coordinator.config import Settings
-from coordinator.db import Client
+from coordinator.db import MAX_ID, Client
 from coordinator.errors import Forbidden, Invalid, TooLarge, Unauthorized
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.service import Coordinator
@@ -48,6 +48,7 @@ def get_metrics(request: Request) -> CoordinatorMetrics:
     return request.app.state.metrics
 
 
+IdPath = Annotated[int, Path(ge=0, le=MAX_ID, description="A non-negative 32-bit id or number.")]
 ServiceDep = Annotated[Coordinator, Depends(get_service)]
 MetricsDep = Annotated[CoordinatorMetrics, Depends(get_metrics)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
@@ -114,7 +115,7 @@ def require_admin(request: Request, settings: SettingsDep) -> None:
         raise Forbidden("this endpoint needs the admin token (FEDPROMPT_ADMIN_TOKEN)")
 
 
-def require_client(fid: int, token: TokenDep, service: ServiceDep, request: Request) -> Client:
+def require_client(fid: IdPath, token: TokenDep, service: ServiceDep, request: Request) -> Client:
     """Client routes: the token must belong to an active client of this federation."""
     client = service.authenticate_client(fid, token)
     request.state.client_id = client.id  # for the access log and per-client refusal counts
@@ -126,7 +127,7 @@ ClientDep = Annotated[Client, Depends(require_client)]
 
 
 def require_admin_or_client(
-    fid: int, token: TokenDep, service: ServiceDep, settings: SettingsDep
+    fid: IdPath, token: TokenDep, service: ServiceDep, settings: SettingsDep
 ) -> Client | None:
     """Routes both sides use: None for the admin, else the authenticated client."""
     if is_admin_token(token, settings):

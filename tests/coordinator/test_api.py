@@ -320,3 +320,26 @@ def test_readyz_and_openapi(api: TestClient) -> None:
     assert api.get("/readyz").json() == {"status": "ready"}
     paths = api.get("/openapi.json").json()["paths"]
     assert "/api/v1/federations/{fid}/rounds/{number}/update" in paths
+
+
+@pytest.mark.parametrize(
+    "method, path, body",
+    [
+        ("GET", "/api/v1/federations/99999999999999999999", None),
+        ("GET", "/api/v1/federations/{fid}/rounds/3000000000", None),
+        ("GET", "/api/v1/federations/{fid}/prompts/99999999999999999999", None),
+        ("GET", "/api/v1/federations/{fid}/events?after=99999999999999999999", None),
+        ("POST", "/api/v1/federations/{fid}/enrollment-tokens", {"max_uses": 10**20}),
+        ("POST", "/api/v1/federations/{fid}/enrollment-tokens", {"expires_in_s": 1e308}),
+        ("POST", "/api/v1/federations", {**SMALL_SPEC, "num_virtual_tokens": 1024, "hidden_size": 65536}),
+        ("POST", "/api/v1/federations", {**SMALL_SPEC, "min_clients": 10**12}),
+    ],
+)
+def test_out_of_range_input_is_a_4xx_problem_never_a_500(
+    api: TestClient, world: dict[str, Any], method: str, path: str, body: dict[str, Any] | None
+) -> None:
+    before = snapshot(api)
+    resp = api.request(method, path.format(fid=world["fid"]), json=body, headers=ADMIN_H)
+    assert 400 <= resp.status_code < 500, resp.text
+    assert resp.headers["content-type"].startswith("application/problem+json")
+    assert snapshot(api) == before

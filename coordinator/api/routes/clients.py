@@ -7,7 +7,8 @@ from typing import Any
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from coordinator.api.deps import AdminDep, ServiceDep, TokenDep
+from coordinator.api.deps import AdminDep, IdPath, ServiceDep, TokenDep
+from coordinator.db import MAX_ID
 
 router = APIRouter(prefix="/api/v1/federations/{fid}", tags=["clients"])
 
@@ -15,9 +16,11 @@ router = APIRouter(prefix="/api/v1/federations/{fid}", tags=["clients"])
 class TokenRequest(BaseModel):
     """Options of a new enrolment token."""
 
-    model_config = ConfigDict(extra="forbid")
-    expires_in_s: float | None = Field(None, gt=0, description="Seconds until the token expires.")
-    max_uses: int | None = Field(None, ge=1, description="How many enrolments the token allows.")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    expires_in_s: float | None = Field(
+        None, gt=0, le=10 * 365 * 86400, description="Seconds until the token expires."
+    )
+    max_uses: int | None = Field(None, ge=1, le=MAX_ID, description="How many enrolments the token allows.")
 
 
 class EnrollRequest(BaseModel):
@@ -25,12 +28,12 @@ class EnrollRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     name: str = Field(..., min_length=1, max_length=200)
-    num_samples: int = Field(..., ge=0, le=10**12)
+    num_samples: int = Field(..., ge=0, le=MAX_ID)
     info: dict[str, Any] = Field(default_factory=dict, description="e.g. model_fingerprint, device")
 
 
 @router.post("/enrollment-tokens", status_code=201, dependencies=[AdminDep])
-def create_token(fid: int, service: ServiceDep, body: TokenRequest | None = None) -> dict[str, Any]:
+def create_token(fid: IdPath, service: ServiceDep, body: TokenRequest | None = None) -> dict[str, Any]:
     """Issue an enrolment token; it is shown only in this response."""
     body = body or TokenRequest()
     token, row = service.create_enrollment_token(fid, expires_in_s=body.expires_in_s, max_uses=body.max_uses)
@@ -38,7 +41,7 @@ def create_token(fid: int, service: ServiceDep, body: TokenRequest | None = None
 
 
 @router.post("/clients", status_code=201)
-def enroll(fid: int, body: EnrollRequest, token: TokenDep, service: ServiceDep) -> dict[str, Any]:
+def enroll(fid: IdPath, body: EnrollRequest, token: TokenDep, service: ServiceDep) -> dict[str, Any]:
     """Enrol with an enrolment token (Bearer); returns a client id and a client token, shown once."""
     client, client_token = service.enroll(
         fid, token, name=body.name, num_samples=body.num_samples, info=body.info
@@ -52,13 +55,13 @@ def enroll(fid: int, body: EnrollRequest, token: TokenDep, service: ServiceDep) 
 
 
 @router.get("/clients", dependencies=[AdminDep])
-def list_clients(fid: int, service: ServiceDep) -> list[dict[str, Any]]:
+def list_clients(fid: IdPath, service: ServiceDep) -> list[dict[str, Any]]:
     """Every enrolled client with its activity."""
     return service.list_clients(fid)
 
 
 @router.delete("/clients/{cid}", status_code=204, dependencies=[AdminDep])
-def revoke(fid: int, cid: int, service: ServiceDep) -> Response:
+def revoke(fid: IdPath, cid: IdPath, service: ServiceDep) -> Response:
     """Revoke a client: its token stops working; it is never selected again."""
     service.revoke_client(fid, cid)
     return Response(status_code=204)

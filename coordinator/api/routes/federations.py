@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Body, Request, Response
+from fastapi import APIRouter, Body, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from coordinator.api.deps import AdminDep, EitherDep, ServiceDep, SettingsDep, read_limited_body
+from coordinator.api.deps import AdminDep, EitherDep, IdPath, ServiceDep, SettingsDep, read_limited_body
+from coordinator.db import MAX_ID
+from coordinator.errors import Invalid
 from coordinator.service import validate_spec
 from shared.spec import FederationSpec
 
@@ -25,7 +27,14 @@ def create_federation(
     """Create a federation from a spec (JSON); an absent deadline takes the server's default."""
     if isinstance(spec, dict) and "round_deadline_s" not in spec:
         spec = {**spec, "round_deadline_s": settings.default_round_deadline_s}
-    fed = service.create_federation(validate_spec(spec))
+    parsed = validate_spec(spec)
+    size = parsed.prompt_bytes()
+    if size > settings.max_upload_bytes:
+        raise Invalid(
+            f"the prompt would be {size} bytes, over this coordinator's upload limit of "
+            f"{settings.max_upload_bytes} bytes (FEDPROMPT_MAX_UPLOAD_BYTES); use fewer virtual tokens"
+        )
+    fed = service.create_federation(parsed)
     return service.federation_status(fed.id)
 
 
@@ -36,31 +45,33 @@ def list_federations(service: ServiceDep) -> list[dict[str, Any]]:
 
 
 @router.get("/{fid}", dependencies=[AdminDep])
-def federation_status(fid: int, service: ServiceDep) -> dict[str, Any]:
+def federation_status(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
     """State, current round, clients and latest metrics."""
     return service.federation_status(fid)
 
 
 @router.post("/{fid}/pause", dependencies=[AdminDep])
-def pause(fid: int, service: ServiceDep) -> dict[str, Any]:
+def pause(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
     """Stop opening rounds automatically (the open round still finishes)."""
     return service.set_paused(fid, True)
 
 
 @router.post("/{fid}/resume", dependencies=[AdminDep])
-def resume(fid: int, service: ServiceDep) -> dict[str, Any]:
+def resume(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
     """Open rounds automatically again."""
     return service.set_paused(fid, False)
 
 
 @router.get("/{fid}/events", dependencies=[AdminDep])
-def events(fid: int, service: ServiceDep, after: int = 0, limit: int = 200) -> list[dict[str, Any]]:
+def events(
+    fid: IdPath, service: ServiceDep, after: int = Query(0, ge=0, le=MAX_ID), limit: int = 200
+) -> list[dict[str, Any]]:
     """The federation's audit trail (round opened/closed/failed, enrolments, revocations)."""
     return service.events(fid, after=after, limit=min(max(limit, 1), 1000))
 
 
 @router.get("/{fid}/spec")
-def get_spec(fid: int, service: ServiceDep, who: EitherDep) -> dict[str, Any]:
+def get_spec(fid: IdPath, service: ServiceDep, who: EitherDep) -> dict[str, Any]:
     """The federation's spec (workers read it to load the right model, template and verbalizer)."""
     del who  # authentication only: admin or a client of this federation
     return service.federation_spec(fid)
@@ -71,7 +82,7 @@ def get_spec(fid: int, service: ServiceDep, who: EitherDep) -> dict[str, Any]:
     response_class=Response,
     responses={200: {"content": {"application/octet-stream": {}}, "description": "safetensors bytes"}},
 )
-def get_prompt(fid: int, version: str, service: ServiceDep, who: EitherDep, request: Request) -> Response:
+def get_prompt(fid: IdPath, version: str, service: ServiceDep, who: EitherDep, request: Request) -> Response:
     """A global prompt version ('latest' or a number) as safetensors; ETag is its sha256."""
     pv = service.get_prompt(fid, version, client=who)
     etag = f'"{pv.sha256}"'
@@ -83,7 +94,7 @@ def get_prompt(fid: int, version: str, service: ServiceDep, who: EitherDep, requ
 
 @router.put("/{fid}/prompts/0", dependencies=[AdminDep], status_code=200)
 async def set_initial_prompt(
-    fid: int, request: Request, service: ServiceDep, settings: SettingsDep
+    fid: IdPath, request: Request, service: ServiceDep, settings: SettingsDep
 ) -> JSONResponse:
     """Replace the initial prompt (version 0) before round 1, e.g. with a vocabulary initialisation."""
     body = await read_limited_body(request, settings.max_upload_bytes)

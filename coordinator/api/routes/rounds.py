@@ -11,44 +11,45 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from coordinator.api.deps import AdminDep, ClientDep, ServiceDep, SettingsDep, read_limited_body
+from coordinator.api.deps import AdminDep, ClientDep, IdPath, ServiceDep, SettingsDep, read_limited_body
+from coordinator.db import MAX_ID
 
 router = APIRouter(prefix="/api/v1/federations/{fid}", tags=["rounds"])
 
 
 @router.post("/rounds", status_code=201, dependencies=[AdminDep])
-def open_round(fid: int, service: ServiceDep) -> dict[str, Any]:
+def open_round(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
     """Open the next round now (selects max(ceil(C*K), min_clients) clients)."""
     return service.open_round(fid)
 
 
 @router.post("/rounds/{number}/close", dependencies=[AdminDep])
-def close_round(fid: int, number: int, service: ServiceDep) -> dict[str, Any]:
+def close_round(fid: IdPath, number: IdPath, service: ServiceDep) -> dict[str, Any]:
     """Aggregate the open round now with the updates that arrived (needs the quorum)."""
     return service.close_round(fid, number)
 
 
 @router.get("/rounds", dependencies=[AdminDep])
-def list_rounds(fid: int, service: ServiceDep) -> list[dict[str, Any]]:
+def list_rounds(fid: IdPath, service: ServiceDep) -> list[dict[str, Any]]:
     """Round history: every attempt with participants, timings, bytes and metrics."""
     return service.rounds(fid)
 
 
 @router.get("/rounds/{number}", dependencies=[AdminDep])
-def get_round(fid: int, number: int, service: ServiceDep) -> dict[str, Any]:
+def get_round(fid: IdPath, number: IdPath, service: ServiceDep) -> dict[str, Any]:
     """One round (its latest attempt)."""
     return service.round_detail(fid, number)
 
 
 @router.get("/evaluations/{version}", dependencies=[AdminDep])
-def get_evaluation(fid: int, version: int, service: ServiceDep) -> dict[str, Any] | None:
+def get_evaluation(fid: IdPath, version: IdPath, service: ServiceDep) -> dict[str, Any] | None:
     """Sample-weighted evaluation of a prompt version over the clients that reported (null if none)."""
     return service.evaluations(fid, version)
 
 
 @router.get("/task", responses={204: {"description": "nothing to do yet; poll again after Retry-After"}})
 async def task(
-    fid: int,
+    fid: IdPath,
     client: ClientDep,
     service: ServiceDep,
     settings: SettingsDep,
@@ -80,8 +81,8 @@ async def task(
     status_code=201,
 )
 async def upload(
-    fid: int,
-    number: int,
+    fid: IdPath,
+    number: IdPath,
     request: Request,
     client: ClientDep,
     service: ServiceDep,
@@ -107,11 +108,11 @@ async def upload(
 class EvaluationReport(BaseModel):
     """A client's metrics of a global prompt version on its local held-out data."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     version: int | None = Field(
-        None, ge=0, description="Prompt version evaluated; default: the round number."
+        None, ge=0, le=MAX_ID, description="Prompt version evaluated; default: the round number."
     )
-    num_samples: int = Field(..., ge=1)
+    num_samples: int = Field(..., ge=1, le=MAX_ID)
     accuracy: float = Field(..., ge=0, le=1)
     loss: float | None = Field(None, ge=0)
     metrics: dict[str, float] = Field(default_factory=dict)
@@ -119,7 +120,7 @@ class EvaluationReport(BaseModel):
 
 @router.post("/rounds/{number}/evaluation", status_code=201)
 def report_evaluation(
-    fid: int, number: int, report: EvaluationReport, client: ClientDep, service: ServiceDep
+    fid: IdPath, number: IdPath, report: EvaluationReport, client: ClientDep, service: ServiceDep
 ) -> JSONResponse:
     """Report the evaluation of the prompt produced by round `number` (0: the initial prompt)."""
     version = number if report.version is None else report.version
