@@ -103,6 +103,22 @@ def resolve_dataset_arg(dataset: str) -> tuple[Path, str, str]:
     return folder, folder.name, meta.get("task", "single")
 
 
+def _check_options(*, partition: str, fraction: float, verbalizer: str | None) -> None:
+    """Refuse bad options before any process starts."""
+    from worker.data import parse_partition
+
+    parse_partition(partition)
+    if not 0 < fraction <= 1:
+        raise ValueError(f"--fraction must be in (0, 1]; got {fraction}")
+    if verbalizer is not None:
+        try:
+            value = json.loads(verbalizer)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f'--verbalizer is not JSON ({exc.msg}); e.g. [["bad"], ["good"]]') from None
+        if not isinstance(value, list) or not all(isinstance(w, list) and w for w in value):
+            raise ValueError('--verbalizer must be a JSON list of lists of words, e.g. [["bad"], ["good"]]')
+
+
 def build_spec(
     *,
     dataset_name: str,
@@ -392,13 +408,13 @@ def simulate_command(
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     started = time.monotonic()
     out = out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "logs").mkdir(exist_ok=True)
     try:
         folder, name, task = resolve_dataset_arg(dataset)
-    except Exception as exc:  # DataError and friends: one readable line
+        _check_options(partition=partition, fraction=fraction, verbalizer=verbalizer)
+    except Exception as exc:  # DataError, PartitionError, bad options: one readable line
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
+    (out / "logs").mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
     parallel = parallel or cores
     threads = max(1, cores // min(parallel, clients))

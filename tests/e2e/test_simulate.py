@@ -129,3 +129,22 @@ def test_sigint_mid_round_leaves_no_process_and_rerun_continues(tmp_path: Path) 
     results = json.loads((out / "results.json").read_text())
     assert [r["round"] for r in results["rounds"]] == [1, 2, 3]
     assert processes_mentioning(str(out)) == []
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--partition", "foo"], "unknown partition scheme"),
+        (["--fraction", "1.5"], "--fraction must be in (0, 1]"),
+        (["--verbalizer", "nope"], "--verbalizer is not JSON"),
+        (["--dataset", "no-such-set"], "no data set named 'no-such-set'"),
+    ],
+)
+def test_bad_options_fail_before_any_process_starts(tmp_path: Path, option: list[str], message: str) -> None:
+    out = tmp_path / "bad"
+    done = subprocess.run(
+        [FEDPROMPT, "simulate", *option, "--out", str(out)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2
+    assert message in " ".join(done.stdout.split())
+    assert not out.exists()
