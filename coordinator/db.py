@@ -25,6 +25,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
+WRITE_OPTION = "fedprompt_write"  # execution option marking a transaction that will write
 MAX_ID = 2**31 - 1  # ids, round numbers and counts are 32-bit INTEGER columns on Postgres
 
 NAMING = {
@@ -193,8 +194,10 @@ def make_engine(url: str) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _sqlite_begin(conn: Any) -> None:
-            # Every transaction takes the write lock up front, so check-then-write is atomic.
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            # Writing transactions take the write lock up front, so check-then-write is atomic and a
+            # stale read snapshot can never need upgrading; reads stay concurrent (WAL).
+            write = conn.get_execution_options().get(WRITE_OPTION, False)
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
         return engine
     if url.startswith("postgresql://"):

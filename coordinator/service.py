@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator.db import (
     MAX_ID,
+    WRITE_OPTION,
     Client,
     EnrollmentToken,
     Evaluation,
@@ -78,6 +79,7 @@ class Coordinator:
     @contextmanager
     def _tx(self) -> Iterator[Session]:
         with self.sessions() as session, session.begin():
+            session.connection(execution_options={WRITE_OPTION: True})
             yield session
 
     def _lock_federation(self, s: Session, fid: int) -> Federation:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import text
 
-from coordinator.db import Base, make_engine
+from coordinator.db import WRITE_OPTION, Base, make_engine
 
 config = context.config
 target_metadata = Base.metadata
@@ -13,6 +13,7 @@ _LOCK_ID = 0x6665_6470  # Postgres advisory lock: one migrator at a time across 
 
 
 def _run(connection) -> None:  # type: ignore[no-untyped-def]
+    connection = connection.execution_options(**{WRITE_OPTION: True})  # SQLite: BEGIN IMMEDIATE
     context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
     with context.begin_transaction():
         if connection.dialect.name == "postgresql":

@@ -61,7 +61,7 @@ def _client_loop(
             c.close()
 
 
-def test_two_replicas_on_one_postgres_aggregate_each_round_exactly_once(pg_url: str, tmp_path: Path) -> None:
+def test_two_replicas_on_one_database_aggregate_each_round_exactly_once(db_url: str, tmp_path: Path) -> None:
     spec = {
         "name": "replicas",
         "num_virtual_tokens": 20,
@@ -74,8 +74,8 @@ def test_two_replicas_on_one_postgres_aggregate_each_round_exactly_once(pg_url: 
         "round_deadline_s": 120,
     }
     with (
-        coordinator_process(pg_url, tmp_path) as (url_a, _),
-        coordinator_process(pg_url, tmp_path) as (url_b, _),
+        coordinator_process(db_url, tmp_path) as (url_a, _),
+        coordinator_process(db_url, tmp_path) as (url_b, _),
     ):
         admin = CoordinatorClient(url_a, ADMIN)
         fid = admin.create_federation(spec)["id"]
@@ -104,7 +104,7 @@ def test_two_replicas_on_one_postgres_aggregate_each_round_exactly_once(pg_url: 
         assert admin.federation(fid)["state"] == "completed"
         admin.close()
 
-    engine = make_engine(pg_url)
+    engine = make_engine(db_url)
     with make_sessionmaker(engine)() as s:
         rounds = s.scalars(select(Round).where(Round.federation_id == fid).order_by(Round.number)).all()
         assert [r.number for r in rounds] == [1, 2, 3, 4, 5]  # no retries, no duplicates
