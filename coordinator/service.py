@@ -310,22 +310,8 @@ class Coordinator:
         with self.sessions() as s:
             self._federation(s, fid)
             clients = s.scalars(select(Client).where(Client.federation_id == fid).order_by(Client.id)).all()
-            rounds = dict(
-                s.execute(
-                    select(Participant.client_id, func.count())
-                    .join(Round, Round.id == Participant.round_id)
-                    .where(Round.federation_id == fid)
-                    .group_by(Participant.client_id)
-                ).all()
-            )
-            uploads = dict(
-                s.execute(
-                    select(Update.client_id, func.count())
-                    .join(Round, Round.id == Update.round_id)
-                    .where(Round.federation_id == fid)
-                    .group_by(Update.client_id)
-                ).all()
-            )
+            rounds = _count_per_client(s, Participant, fid)
+            uploads = _count_per_client(s, Update, fid)
         return [
             {
                 "id": c.id,
@@ -893,6 +879,17 @@ class Coordinator:
             except IntegrityError:
                 return False
         return True
+
+
+def _count_per_client(s: Session, table: type[Participant] | type[Update], fid: int) -> dict[int, int]:
+    """Rows of a per-round table (participants, updates) per client of a federation."""
+    query = (
+        select(table.client_id, func.count())
+        .join(Round, Round.id == table.round_id)
+        .where(Round.federation_id == fid)
+        .group_by(table.client_id)
+    )
+    return {cid: n for cid, n in s.execute(query).all()}
 
 
 def summarize_evaluations(version: int, rows: list[Evaluation] | Any) -> dict[str, Any] | None:
