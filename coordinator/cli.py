@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from coordinator.config import ConfigError, Settings, require_admin_token
+from coordinator.logs import LogFormatOption
 
 app = typer.Typer(help="fedprompt coordinator: federated rounds over HTTP.", no_args_is_help=True)
 
@@ -42,13 +43,7 @@ def serve(
     log_level: Annotated[
         str, typer.Option(help="Level of uvicorn's and the access log (the service logs at info).")
     ] = "info",
-    log_format: Annotated[
-        str,
-        typer.Option(
-            envvar="FEDPROMPT_LOG_FORMAT",
-            help="auto (console on a terminal, JSON lines otherwise) | json | console.",
-        ),
-    ] = "auto",
+    log_format: LogFormatOption = "auto",
 ) -> None:
     """Migrate the database, then serve the API."""
     import logging

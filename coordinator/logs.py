@@ -14,9 +14,10 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, Literal, TextIO
+from typing import Annotated, Any, Literal, TextIO
 
 import structlog
+import typer
 from fastapi import Request
 
 Scope = MutableMapping[str, Any]
@@ -26,6 +27,15 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 LogFormat = Literal["auto", "json", "console"]
+# The --log-format option both services' CLIs share.
+LogFormatOption = Annotated[
+    str,
+    typer.Option(
+        envvar="FEDPROMPT_LOG_FORMAT",
+        help="auto (console on a terminal, JSON lines otherwise) | json | console.",
+    ),
+]
+
 REQUEST_ID_HEADER = "x-request-id"
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # Path parameters as they are named in routes → the log field they become.

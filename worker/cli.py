@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from coordinator.logs import LogFormatOption
+
 app = typer.Typer(
     help="fedprompt worker: trains a soft prompt locally against a frozen PLM.", no_args_is_help=True
 )
@@ -58,13 +60,7 @@ def serve(
     ] = None,
     slots: Annotated[int, typer.Option(help="How many workers sharing --slots-dir may train at once.")] = 0,
     log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
-    log_format: Annotated[
-        str,
-        typer.Option(
-            envvar="FEDPROMPT_LOG_FORMAT",
-            help="auto (console on a terminal, JSON lines otherwise) | json | console.",
-        ),
-    ] = "auto",
+    log_format: LogFormatOption = "auto",
 ) -> None:
     """Enrol with the coordinator, then train and evaluate the global prompt on local data."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
