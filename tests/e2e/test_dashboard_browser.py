@@ -21,7 +21,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared.client import CoordinatorClient
-from tests.helpers import ADMIN, coordinator_process, update_blob
+from tests.helpers import ADMIN, coordinator_process, update_blob, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -67,6 +67,7 @@ class Sites:
 
     def __init__(self, admin: CoordinatorClient, fid: int) -> None:
         token = admin.create_enrollment_token(fid, max_uses=len(SITES))
+        self.admin = admin
         self.fid = fid
         self.clients: list[CoordinatorClient] = []
         for name, samples in SITES:
@@ -89,7 +90,13 @@ class Sites:
             assert status == 201
 
     def evaluate(self, version: int) -> None:
-        """Every site reports the synthetic metrics of a prompt version."""
+        """Every site reports the synthetic metrics of a prompt version (once the round has aggregated)."""
+        # The last upload closes the round in a background task: wait for the version to exist.
+        wait_for(
+            lambda: self.admin.federation(self.fid)["latest_version"] >= version,
+            30,
+            f"prompt version {version}",
+        )
         acc, loss, asr = CURVE[min(version, len(CURVE) - 1)]
         for i, c in enumerate(self.clients):
             report = {
