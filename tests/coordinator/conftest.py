@@ -5,10 +5,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from fastapi.testclient import TestClient
 
+from coordinator.app import create_app
+from coordinator.config import Settings
 from coordinator.db import make_engine, make_sessionmaker
 from coordinator.migrate import upgrade
 from coordinator.service import Coordinator
+from tests.helpers import ADMIN
+
+LIMIT = 4096  # the API fixture's upload limit, small so 413 is cheap to provoke
 
 
 class FakeClock:
@@ -40,3 +46,11 @@ def engine(db_url: str) -> Iterator:  # type: ignore[type-arg]
 @pytest.fixture
 def service(engine, clock: FakeClock) -> Coordinator:  # type: ignore[no-untyped-def]
     return Coordinator(make_sessionmaker(engine), clock=clock)
+
+
+@pytest.fixture
+def api(db_url: str, tmp_path) -> Iterator[TestClient]:  # type: ignore[no-untyped-def]
+    upgrade(db_url)
+    settings = Settings(database_url=db_url, admin_token=ADMIN, data_dir=tmp_path, max_upload_bytes=LIMIT)
+    with TestClient(create_app(settings, sweep=False)) as client:
+        yield client

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -11,23 +10,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from coordinator.app import create_app
-from coordinator.config import Settings
 from coordinator.db import Base
-from coordinator.migrate import upgrade
 from shared import wire
+from tests.coordinator.conftest import LIMIT
 from tests.helpers import ADMIN, SMALL_SPEC, random_tensors, update_blob
 
-LIMIT = 4096
 ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
-
-
-@pytest.fixture
-def api(db_url: str, tmp_path) -> Iterator[TestClient]:  # type: ignore[no-untyped-def]
-    upgrade(db_url)
-    settings = Settings(database_url=db_url, admin_token=ADMIN, data_dir=tmp_path, max_upload_bytes=LIMIT)
-    with TestClient(create_app(settings, sweep=False)) as client:
-        yield client
 
 
 def snapshot(api: TestClient) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,11 +21,10 @@ from coordinator.metrics import (
 )
 from coordinator.migrate import upgrade
 from shared.spec import FederationSpec
-from tests.coordinator.conftest import FakeClock
+from tests.coordinator.conftest import LIMIT, FakeClock
 from tests.helpers import ADMIN, SMALL_SPEC, update_blob
 
 ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
-LIMIT = 4096
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
@@ -45,14 +43,6 @@ def scrape(api: TestClient) -> Samples:
 def value(samples: Samples, name: str, **labels: str) -> float:
     """One sample's value (KeyError when the series is absent)."""
     return samples[(name, tuple(sorted(labels.items())))]
-
-
-@pytest.fixture
-def api(db_url: str, tmp_path) -> Iterator[TestClient]:  # type: ignore[no-untyped-def]
-    upgrade(db_url)
-    settings = Settings(database_url=db_url, admin_token=ADMIN, data_dir=tmp_path, max_upload_bytes=LIMIT)
-    with TestClient(create_app(settings, sweep=False)) as client:
-        yield client
 
 
 def enrol(api: TestClient, spec: dict[str, Any], n: int) -> tuple[int, list[dict[str, str]]]:
