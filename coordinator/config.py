@@ -7,7 +7,16 @@ import secrets
 from pathlib import Path
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SecretsSettingsSource,
+    SettingsConfigDict,
+)
+
+# A folder of secret files, one per setting, named like the variable (fedprompt_admin_token,
+# fedprompt_database_url): Docker / Kubernetes secrets mounted as files. Variables win over files.
+SECRETS_DIR_ENV = "FEDPROMPT_SECRETS_DIR"
 
 
 class ConfigError(RuntimeError):
@@ -33,6 +42,23 @@ class Settings(BaseSettings):
     )
     long_poll_max_s: float = Field(30.0, ge=0)
     long_poll_interval_s: float = Field(0.25, gt=0)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Read secret files from $FEDPROMPT_SECRETS_DIR (pydantic-settings' secrets_dir) when it is set."""
+        secrets_dir = os.environ.get(SECRETS_DIR_ENV)
+        if secrets_dir:
+            if not Path(secrets_dir).is_dir():
+                raise ConfigError(f"{SECRETS_DIR_ENV}={secrets_dir} is not a folder; mount the secrets there")
+            file_secret_settings = SecretsSettingsSource(settings_cls, secrets_dir=secrets_dir)
+        return init_settings, env_settings, dotenv_settings, file_secret_settings
 
     @field_validator("admin_token")
     @classmethod
