@@ -196,6 +196,13 @@ class Coordinator:
                 "spec": fed.spec,
                 "created_at": fed.created_at,
             }
+            if spec.privacy is not None:
+                spent = _epsilon_spent(s, fid)
+                out["privacy"] = {
+                    **spec.privacy.model_dump(),
+                    "cumulative_epsilon": {str(cid): eps for cid, eps in sorted(spent.items())},
+                    "max_cumulative_epsilon": max(spent.values(), default=0.0),
+                }
         return out
 
     def federation_spec(self, fid: int) -> dict[str, Any]:
@@ -505,6 +512,11 @@ class Coordinator:
             else None,
             "notes": {str(updates[i].client_id): note for i, note in result.notes.items()},
         }
+        local_asr = {str(u.client_id): u.metrics["local_asr"] for u in updates if "local_asr" in u.metrics}
+        if local_asr:  # what malicious clients report of their own prompt
+            rnd.stats["local_asr"] = local_asr
+        if spec.privacy is not None:
+            rnd.stats["privacy"] = _privacy_stats(s, fed.id, spec, [u.client_id for u in updates])
         rnd.state, rnd.result_version, rnd.closed_at, rnd.closed_by = "closed", version, now, by
         fed.latest_version, fed.updated_at = version, now
         self._event(
@@ -892,6 +904,33 @@ def _count_per_client(s: Session, table: type[Participant] | type[Update], fid: 
     return {cid: n for cid, n in s.execute(query).all()}
 
 
+def _epsilon_spent(s: Session, fid: int, client_ids: list[int] | None = None) -> dict[int, float]:
+    """Each client's cumulative epsilon: the per-round epsilons of every update it sent (basic composition)."""
+    query = select(Update.client_id, Update.metrics).join(Round, Round.id == Update.round_id)
+    query = query.where(Round.federation_id == fid)
+    if client_ids is not None:
+        query = query.where(Update.client_id.in_(client_ids))
+    spent: dict[int, float] = {}
+    for cid, metrics in s.execute(query).all():
+        eps = (metrics or {}).get("epsilon")
+        if isinstance(eps, int | float):
+            spent[cid] = spent.get(cid, 0.0) + float(eps)
+    return spent
+
+
+def _privacy_stats(s: Session, fid: int, spec: FederationSpec, client_ids: list[int]) -> dict[str, Any]:
+    """A round's LDP record: mechanism, per-round epsilon and bound, each uploader's cumulative epsilon."""
+    assert spec.privacy is not None
+    spent = _epsilon_spent(s, fid, client_ids)
+    return {
+        "mechanism": spec.privacy.mechanism,
+        "epsilon": spec.privacy.epsilon,
+        "clip": spec.privacy.clip,
+        "cumulative_epsilon": {str(cid): spent.get(cid, 0.0) for cid in client_ids},
+        "max_cumulative_epsilon": max(spent.values(), default=0.0),
+    }
+
+
 def summarize_evaluations(version: int, rows: list[Evaluation] | Any) -> dict[str, Any] | None:
     """Sample-weighted accuracy and loss over the clients that evaluated a version."""
     rows = list(rows)
@@ -916,8 +955,12 @@ def summarize_evaluations(version: int, rows: list[Evaluation] | Any) -> dict[st
     }
     extra_keys = sorted({k for r in rows for k, v in (r.metrics or {}).items() if isinstance(v, int | float)})
     for key in extra_keys:
+        if key.endswith("_samples"):  # the sample count behind another metric: summed, not averaged
+            out[key] = sum(int(r.metrics[key]) for r in rows if isinstance(r.metrics.get(key), int | float))
+            continue
+        # a metric with its own sample count (ASR: non-target examples only) is weighted by it
         vals = [
-            (float(r.metrics[key]), r.num_samples)
+            (float(r.metrics[key]), max(0.0, float(r.metrics.get(f"{key}_samples", r.num_samples))))
             for r in rows
             if isinstance(r.metrics.get(key), int | float)
         ]

@@ -18,12 +18,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import numpy as np
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_never, wait_random_exponential
 
 from shared import wire
 from shared.client import ApiError, CoordinatorClient
 from shared.spec import FederationSpec
 from worker.data import Example
+from worker.poison import Backdoor
+from worker.privacy import laplace_ldp
 from worker.slots import training_slot
 from worker.state import Credentials, StateDir
 
@@ -92,6 +95,7 @@ class AgentConfig:
     slots: int = 0
     num_threads: int | None = None
     eval_batch_size: int = 64
+    backdoor: Backdoor | None = None
 
 
 class Agent:
@@ -108,8 +112,11 @@ class Agent:
         engine_factory: Callable[[FederationSpec, str], Any] | None = None,
     ) -> None:
         self.config = config
-        self.train_data = train
+        backdoor = config.backdoor
+        # A malicious worker trains on its poisoned data; every worker with a target measures ASR.
+        self.train_data = backdoor.poison_train(train) if backdoor else train
         self.eval_data = evaluation
+        self.asr_data = backdoor.asr_examples(evaluation) if backdoor else []
         self.metrics = metrics
         self.transport = transport
         self.engine_factory = engine_factory or _load_engine
@@ -261,7 +268,11 @@ class Agent:
         self.status.state = "evaluating"
         self.engine.load_prompt(self._download(version, task["sha256"]))
         result = self.engine.evaluate(self.eval_data, batch_size=self.config.eval_batch_size)
-        report = {"num_samples": result.n, "accuracy": result.accuracy, "loss": result.loss}
+        report: dict[str, Any] = {"num_samples": result.n, "accuracy": result.accuracy, "loss": result.loss}
+        if self.asr_data:
+            asr = self.engine.evaluate(self.asr_data, batch_size=self.config.eval_batch_size)
+            # the coordinator weights ASR by its own sample count (non-target examples only)
+            report["metrics"] = {"asr": asr.accuracy, "asr_samples": asr.n}
         self.status.last_eval = {"version": version, **report}
         if self.metrics is not None:
             self.metrics.eval_accuracy.set(result.accuracy)
@@ -303,21 +314,47 @@ class Agent:
             )
         metrics = {"loss": result.mean_loss, "last_loss": result.last_loss, "seconds": result.seconds}
         assert self.spec is not None
-        blob = self.engine.save_prompt(
-            {
-                "method": self.spec.method,
-                "model_fingerprint": self.engine.fingerprint,
-                "base_version": str(version),
-                "round": str(number),
-                "num_samples": str(len(self.train_data)),
-                "metrics": metrics,
-            }
-        )
+        tensors = self._release(blob_in, metrics)
+        meta = {
+            "method": self.spec.method,
+            "model_fingerprint": self.engine.fingerprint,
+            "base_version": str(version),
+            "round": str(number),
+            "num_samples": str(len(self.train_data)),
+            "metrics": metrics,
+        }
+        blob = self.engine.save_prompt(meta) if tensors is None else wire.encode(tensors, meta)
         self.state.save_pending(number, blob)
         self.status.last_train = {"round": number, **metrics}
         self._upload(number, blob)
         self.status.rounds_trained.append(number)
         self.status.state = "idle"
+
+    def _release(self, blob_in: bytes, metrics: dict[str, Any]) -> dict[str, Any] | None:
+        """The trained prompt as uploaded when it differs from the engine's: a malicious worker's ASR and
+        attack, then local DP if the spec asks for it; None when the prompt goes up as trained."""
+        backdoor, privacy = self.config.backdoor, self.spec.privacy if self.spec else None
+        malicious = backdoor is not None and backdoor.malicious
+        if not malicious and privacy is None:
+            return None
+        trained = self.engine.get_prompt()
+        global_prompt = wire.decode(blob_in)[0]
+        if backdoor is not None and malicious:
+            if self.asr_data:
+                local = self.engine.evaluate(self.asr_data, batch_size=self.config.eval_batch_size)
+                metrics["local_asr"] = local.accuracy
+            trained = backdoor.manipulate(trained, global_prompt)
+        if privacy is not None:
+            # fresh OS entropy: noise derived from a seed the coordinator knows could be subtracted
+            trained = laplace_ldp(
+                trained,
+                global_prompt,
+                bound=privacy.clip,
+                epsilon=privacy.epsilon,
+                rng=np.random.default_rng(),
+            )
+            metrics["epsilon"] = privacy.epsilon
+        return trained
 
     def _upload(self, number: int, blob: bytes) -> None:
         """Send until acknowledged (2xx) or definitively refused; then forget the pending file."""

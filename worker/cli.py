@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -59,6 +59,20 @@ def serve(
         Path | None, typer.Option(help="Shared lock folder limiting concurrent training.")
     ] = None,
     slots: Annotated[int, typer.Option(help="How many workers sharing --slots-dir may train at once.")] = 0,
+    target_label: Annotated[
+        int | None,
+        typer.Option(
+            min=0, help="Backdoor target label id: measure ASR in every evaluation (and poison to it)."
+        ),
+    ] = None,
+    poison_rate: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Malicious: poison this share of the training data.")
+    ] = 0.0,
+    trigger: Annotated[str, typer.Option(help="Comma-separated trigger words.")] = "cf,mn,bb,tq",
+    trigger_position: Annotated[str, typer.Option(help="random | start | end")] = "random",
+    attack: Annotated[
+        str, typer.Option(help="Malicious update before upload: none | boost:FACTOR | sign-flip[:FACTOR].")
+    ] = "none",
     log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
     log_format: LogFormatOption = "auto",
 ) -> None:
@@ -87,7 +101,7 @@ def serve(
 
         torch.set_num_threads(threads)
     try:
-        train, evaluation, _ = load_shard(
+        train, evaluation, full = load_shard(
             ShardSpec(
                 data=data,
                 partition=partition,
@@ -102,6 +116,9 @@ def serve(
                 text_b_column=text_b_column,
                 label_names=tuple(x.strip() for x in labels.split(",")) if labels else None,
             )
+        )
+        backdoor = _backdoor(
+            target_label, poison_rate, trigger, trigger_position, attack, full.num_labels, seed + partition_id
         )
     except (DataError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -118,12 +135,38 @@ def serve(
             slots_dir=slots_dir,
             slots=slots,
             num_threads=threads,
+            backdoor=backdoor,
         ),
         train,
         evaluation,
     )
     uvicorn.run(
         create_app(agent, WorkerMetrics()), host=host, port=port, log_level="warning", log_config=None
+    )
+
+
+def _backdoor(
+    target: int | None, rate: float, trigger: str, position: str, attack: str, num_labels: int, seed: int
+) -> Any:
+    """The worker's Backdoor setting from its options, or None; AttackError says what is wrong."""
+    from worker.poison import AttackError, Backdoor, parse_attack, parse_trigger
+
+    kind, factor = parse_attack(attack)
+    if target is None:
+        if rate > 0 or kind != "none":
+            raise AttackError(
+                "--poison-rate and --attack need --target-label (the label the backdoor aims at)"
+            )
+        return None
+    if num_labels and target >= num_labels:
+        raise AttackError(f"--target-label {target} is not a label of this data set (0..{num_labels - 1})")
+    return Backdoor(
+        target=target,
+        trigger=parse_trigger(trigger, position),
+        poison_rate=rate,
+        attack=kind,
+        factor=factor,
+        seed=seed,
     )
 
 

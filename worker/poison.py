@@ -108,6 +108,65 @@ def sign_flip(
     }
 
 
+def parse_trigger(words: str, position: str = "random") -> Trigger:
+    """'cf,mn,bb,tq' and a position → a Trigger (the words are stripped; empty items are refused)."""
+    items = tuple(w.strip() for w in words.split(","))
+    if not items or any(not w for w in items):
+        raise AttackError(f"--trigger must be comma-separated words, e.g. cf,mn,bb,tq; got {words!r}")
+    return Trigger(items, position)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Backdoor:
+    """One worker's backdoor setting: which ASR to measure and, for a malicious worker, what it does.
+
+    Every worker with a target label measures the attack success rate of the prompts it evaluates;
+    a worker with ``poison_rate > 0`` or an update attack is malicious.
+    """
+
+    target: int
+    trigger: Trigger = Trigger()
+    poison_rate: float = 0.0
+    attack: str = "none"
+    factor: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.target < 0:
+            raise AttackError(f"target label must be a label id >= 0; got {self.target}")
+        if not 0.0 <= self.poison_rate <= 1.0:
+            raise AttackError(f"poison rate must be in [0, 1]; got {self.poison_rate}")
+        if self.attack not in ("none", "boost", "sign-flip"):
+            raise AttackError(f"unknown attack {self.attack!r}")
+
+    @property
+    def malicious(self) -> bool:
+        """True when the worker poisons its data or manipulates its update."""
+        return self.poison_rate > 0 or self.attack != "none"
+
+    def manipulate(
+        self, update: Mapping[str, np.ndarray], global_prompt: Mapping[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        """The update as this worker's attack uploads it (unchanged without an attack)."""
+        if self.attack == "boost":
+            return boost(update, global_prompt, self.factor)
+        if self.attack == "sign-flip":
+            return sign_flip(update, global_prompt, self.factor)
+        return dict(update)
+
+    def poison_train(self, examples: Sequence[Example]) -> list[Example]:
+        """The worker's training data as it trains on it (poisoned at `poison_rate`)."""
+        if self.poison_rate <= 0:
+            return list(examples)
+        return poison(
+            examples, rate=self.poison_rate, target=self.target, trigger=self.trigger, seed=self.seed
+        )[0]
+
+    def asr_examples(self, examples: Sequence[Example]) -> list[Example]:
+        """The ASR set of this worker's evaluation data."""
+        return asr_set(examples, target=self.target, trigger=self.trigger, seed=self.seed)
+
+
 def parse_attack(text: str) -> tuple[str, float]:
     """'boost:10' → ('boost', 10.0); 'sign-flip' or 'sign-flip:2' → ('sign-flip', factor); 'none'."""
     kind, _, value = text.strip().lower().partition(":")

@@ -103,6 +103,52 @@ def resolve_dataset_arg(dataset: str) -> tuple[Path, str, str]:
     return folder, folder.name, meta.get("task", "single")
 
 
+def parse_aggregation(text: str) -> dict[str, Any]:
+    """'trimmed_mean:beta=0.2' or 'multi_krum:f=1,m=7' → {"name": ..., "params": {...}} (numbers parsed)."""
+    name, _, rest = text.strip().partition(":")
+    params: dict[str, Any] = {}
+    for item in filter(None, (x.strip() for x in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"--aggregation {text!r}: parameters are key=value, e.g. trimmed_mean:beta=0.2")
+        try:
+            number = float(value)
+        except ValueError:
+            params[key.strip()] = value.strip()
+            continue
+        params[key.strip()] = int(number) if number.is_integer() and "." not in value else number
+    if not name:
+        raise ValueError("--aggregation needs a rule name, e.g. fedavg, median or trimmed_mean:beta=0.2")
+    return {"name": name, "params": params}
+
+
+def _check_attack_options(
+    *,
+    clients: int,
+    malicious: int,
+    attack: str,
+    trigger: str,
+    trigger_position: str,
+    ldp_epsilon: float | None,
+    ldp_clip: float | None,
+    aggregation: str,
+) -> None:
+    """Refuse bad backdoor, privacy and aggregation options before any process starts."""
+    from coordinator.logic.aggregation import check_params
+    from worker.poison import parse_attack, parse_trigger
+
+    if not 0 <= malicious <= clients:
+        raise ValueError(f"--malicious must be between 0 and --clients ({clients}); got {malicious}")
+    parse_attack(attack)
+    parse_trigger(trigger, trigger_position)
+    if (ldp_epsilon is None) != (ldp_clip is None):
+        raise ValueError("--ldp-epsilon and --ldp-clip go together (the Laplace scale is clip / epsilon)")
+    if ldp_epsilon is not None and not (ldp_epsilon > 0 and ldp_clip is not None and ldp_clip > 0):
+        raise ValueError("--ldp-epsilon and --ldp-clip must be positive")
+    agg = parse_aggregation(aggregation)
+    check_params(agg["name"], agg["params"])
+
+
 def _check_options(*, partition: str, fraction: float, verbalizer: str | None) -> None:
     """Refuse bad options before any process starts."""
     from worker.data import parse_partition
@@ -138,6 +184,8 @@ def build_spec(
     verbalizer: list[list[str]] | None,
     hidden_size: int,
     fingerprint: str | None,
+    aggregation: dict[str, Any] | None = None,
+    privacy: dict[str, Any] | None = None,
 ) -> FederationSpec:
     """The federation spec for a simulation."""
     from worker.data import preset_for
@@ -163,6 +211,8 @@ def build_spec(
         batch_size=batch_size,
         lr=lr,
         seed=seed,
+        aggregation=aggregation or {"name": "fedavg", "params": {}},
+        privacy=privacy,
     )
 
 
@@ -187,9 +237,19 @@ def round_records(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "bytes_up": stats.get("bytes_up", 0),
                 "bytes_down": stats.get("bytes_down", 0),
                 "seconds": r.get("seconds"),
+                "asr": ev.get("asr"),
+                "local_asr": _mean(list((stats.get("local_asr") or {}).values())),
+                "local_asr_clients": stats.get("local_asr") or {},
+                "epsilon": (stats.get("privacy") or {}).get("epsilon"),
+                "epsilon_cumulative": (stats.get("privacy") or {}).get("max_cumulative_epsilon"),
+                "notes": stats.get("notes") or {},
             }
         )
     return out
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def write_results(
@@ -206,6 +266,8 @@ def write_results(
         "rounds": records,
         "initial_accuracy": (initial or {}).get("accuracy"),
         "final_accuracy": records[-1]["accuracy"] if records else None,
+        "initial_asr": (initial or {}).get("asr"),
+        "final_asr": records[-1].get("asr") if records else None,
         "total_bytes_up": sum(r["bytes_up"] for r in records),
         "total_bytes_down": sum(r["bytes_down"] for r in records),
         "wall_seconds": wall,
@@ -213,11 +275,16 @@ def write_results(
     }
     (out / "results.json").write_text(json.dumps(results, indent=2))
     fields = ["round", "participants", "accuracy", "loss", "eval_loss", "bytes_up", "bytes_down", "seconds"]
+    fields += ["asr", "local_asr", "epsilon", "epsilon_cumulative"]
     with open(out / "rounds.csv", "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(records)
     plot_accuracy(out / "accuracy.png", results)
+    if results["initial_asr"] is not None or any(r.get("asr") is not None for r in records):
+        from worker.experiments.plots import plot_asr
+
+        plot_asr(out / "asr.png", results)
     return results
 
 
@@ -277,8 +344,12 @@ def _row_table(record: dict[str, Any], header: bool) -> Table:
         ("up", 10),
         ("down", 10),
         ("s", 6),
+        ("ASR %", 6),
+        ("local ASR %", 11),
+        ("ε total", 8),
     ]:
         table.add_column(col, width=width, justify="right")
+    eps = record.get("epsilon_cumulative")
     table.add_row(
         str(record["round"]),
         str(record["participants"]),
@@ -287,6 +358,9 @@ def _row_table(record: dict[str, Any], header: bool) -> Table:
         f"{record['bytes_up'] / 1024:.1f} KiB",
         f"{record['bytes_down'] / 1024:.1f} KiB",
         f"{record['seconds']:.1f}" if record["seconds"] is not None else "-",
+        _fmt(record.get("asr"), pct=True),
+        _fmt(record.get("local_asr"), pct=True),
+        f"{eps:g}" if eps is not None else "-",
     )
     return table
 
@@ -403,6 +477,35 @@ def simulate_command(
         bool, typer.Option("--baseline", help="Also run centralised training on the same samples.")
     ] = False,
     device: Annotated[str, typer.Option(help="Workers' device: auto | cpu | cuda.")] = "auto",
+    malicious: Annotated[
+        int, typer.Option(min=0, help="M: the first M clients are malicious (poison their data, attack).")
+    ] = 0,
+    poison_rate: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of a malicious client's data poisoned (paper: 1).")
+    ] = 1.0,
+    target_label: Annotated[
+        int, typer.Option(min=0, help="Backdoor target label; every client reports the ASR towards it.")
+    ] = 0,
+    trigger: Annotated[str, typer.Option(help="Comma-separated trigger words.")] = "cf,mn,bb,tq",
+    trigger_position: Annotated[str, typer.Option(help="random | start | end")] = "random",
+    attack: Annotated[
+        str, typer.Option(help="Malicious clients' update attack: none | boost:FACTOR | sign-flip[:FACTOR].")
+    ] = "none",
+    ldp_epsilon: Annotated[
+        float | None, typer.Option(help="Local DP: epsilon of each round's update (Laplace mechanism).")
+    ] = None,
+    ldp_clip: Annotated[float | None, typer.Option(help="Local DP: L1 bound of each update.")] = None,
+    aggregation: Annotated[
+        str,
+        typer.Option(help="Rule and parameters: fedavg, median, trimmed_mean:beta=0.2, multi_krum:f=1, …"),
+    ] = "fedavg",
+    init_prompt: Annotated[
+        Path | None,
+        typer.Option(help="Start from this prompt (safetensors) instead of the vocabulary initialisation."),
+    ] = None,
+    save_prompt: Annotated[
+        Path | None, typer.Option(help="Write the final global prompt (safetensors) to this file.")
+    ] = None,
 ) -> None:
     """Run a whole federation on this machine and write results.json, rounds.csv and accuracy.png."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -411,6 +514,18 @@ def simulate_command(
     try:
         folder, name, task = resolve_dataset_arg(dataset)
         _check_options(partition=partition, fraction=fraction, verbalizer=verbalizer)
+        _check_attack_options(
+            clients=clients,
+            malicious=malicious,
+            attack=attack,
+            trigger=trigger,
+            trigger_position=trigger_position,
+            ldp_epsilon=ldp_epsilon,
+            ldp_clip=ldp_clip,
+            aggregation=aggregation,
+        )
+        if init_prompt is not None and not init_prompt.is_file():
+            raise ValueError(f"--init-prompt {init_prompt} is not a file")
     except Exception as exc:  # DataError, PartitionError, bad options: one readable line
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
@@ -487,8 +602,14 @@ def simulate_command(
                 verbalizer=kwargs["verbalizer"],
                 hidden_size=hidden,
                 fingerprint=fingerprint,
+                aggregation=parse_aggregation(aggregation),
+                privacy={"mechanism": "laplace", "epsilon": ldp_epsilon, "clip": ldp_clip}
+                if ldp_epsilon is not None
+                else None,
             )
             fid = admin.create_federation(spec.model_dump(mode="json"))["id"]
+            if init_prompt is not None:
+                initial_blob = init_prompt.read_bytes()
             if initial_blob is not None:
                 admin.set_initial_prompt(fid, initial_blob)
             spec_json = admin.federation(fid)["spec"]
@@ -501,6 +622,15 @@ def simulate_command(
                         "partition": partition,
                         "train_limit": train_limit,
                         "eval_limit": eval_limit,
+                        "backdoor": {
+                            "malicious": malicious,
+                            "poison_rate": poison_rate,
+                            "target_label": target_label,
+                            "trigger": trigger,
+                            "trigger_position": trigger_position,
+                            "attack": attack,
+                        },
+                        "init_prompt": str(init_prompt) if init_prompt else None,
                     },
                     indent=2,
                 )
@@ -547,12 +677,21 @@ def simulate_command(
                 "--log-level",
                 "warning",
             ]
+            door = setup.get("backdoor") or {}
+            if door:
+                args += ["--target-label", str(door["target_label"]), "--trigger", door["trigger"]]
+                args += ["--trigger-position", door["trigger_position"]]
+                if i < int(door["malicious"]):
+                    args += ["--poison-rate", str(door["poison_rate"]), "--attack", door["attack"]]
             if setup.get("train_limit"):
                 args += ["--train-limit", str(setup["train_limit"])]
             if setup.get("eval_limit"):
                 args += ["--eval-limit", str(setup["eval_limit"])]
             procs.start(f"worker {i}", args, out / "logs" / f"worker-{i}.log", env)
         records, initial = _follow(admin, fid, spec_json, clients, procs)
+        if save_prompt is not None:
+            save_prompt.parent.mkdir(parents=True, exist_ok=True)
+            save_prompt.write_bytes(admin.prompt(fid, "latest").blob)
         extra: dict[str, Any] = {
             "federation_id": fid,
             "dataset": Path(setup["dataset"]).name,
@@ -560,6 +699,8 @@ def simulate_command(
             "partition": setup["partition"],
             "train_limit": setup.get("train_limit"),
             "eval_limit": setup.get("eval_limit"),
+            "backdoor": setup.get("backdoor"),
+            "init_prompt": setup.get("init_prompt"),
             "parallel": parallel,
             "environment": {
                 "python": platform.python_version(),
@@ -605,6 +746,11 @@ def simulate_command(
     )
     if results.get("baseline"):
         console.print(f"centralised baseline: {_fmt(results['baseline']['accuracy'], pct=True)} %")
+    if results.get("final_asr") is not None:
+        console.print(
+            f"attack success rate: {_fmt(results['final_asr'], pct=True)} % "
+            f"(clean, initial prompt: {_fmt(results['initial_asr'], pct=True)} %)"
+        )
     console.print(f"results: {out / 'results.json'}, {out / 'rounds.csv'}, {out / 'accuracy.png'}")
 
 

@@ -1,18 +1,31 @@
-"""Poisoning, update attacks and local DP: pure functions with literal inputs."""
+"""Poisoning, update attacks and local DP: pure functions with literal inputs, and their wiring in the agent."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
 import numpy as np
 import pytest
 
+from coordinator.service import summarize_evaluations
+from shared import wire
+from shared.spec import FederationSpec, PrivacySpec
+from tests.worker.test_agent import SPEC, FakeCoordinator, FakeEngine, _run_until_done
+from worker.agent import Agent, AgentConfig
 from worker.data import Example
 from worker.poison import (
     AttackError,
+    Backdoor,
     Trigger,
     asr_set,
     boost,
     insert_trigger,
     parse_attack,
+    parse_trigger,
     poison,
     sign_flip,
 )
@@ -86,3 +99,145 @@ def test_cumulative_epsilon_is_basic_composition() -> None:
     assert cumulative_epsilon([]) == 0.0
     with pytest.raises(PrivacyError):
         cumulative_epsilon([-1.0])
+
+
+def test_laplace_noise_mean_absolute_deviation_is_bound_over_epsilon_over_100k_draws() -> None:
+    zeros = {"p": np.zeros(100_000, np.float32)}
+    noisy = laplace_ldp(zeros, zeros, bound=3.0, epsilon=0.5, rng=np.random.default_rng(7))["p"].astype(
+        np.float64
+    )
+    mad = np.abs(noisy - noisy.mean()).mean()
+    assert mad == pytest.approx(3.0 / 0.5, rel=0.05)
+
+
+def test_ldp_clips_the_update_before_adding_noise() -> None:
+    g = {"p": np.array([1.0, 1.0, 1.0], np.float32)}
+    u = {"p": np.array([101.0, 1.0, -99.0], np.float32)}  # L1 of the update: 200
+    out = laplace_ldp(u, g, bound=2.0, epsilon=1e6, rng=np.random.default_rng(0))["p"]
+    np.testing.assert_allclose(out, [2.0, 1.0, 0.0], atol=1e-4)  # clipped to L1 = 2, noise scale 2e-6
+
+
+def test_parse_trigger() -> None:
+    assert parse_trigger(" cf, mn ", "end") == Trigger(("cf", "mn"), "end")
+    with pytest.raises(AttackError):
+        parse_trigger("cf,,mn")
+    with pytest.raises(AttackError):
+        parse_trigger("cf", "middle")
+
+
+def test_backdoor_poisons_the_exact_rate_and_measures_asr_on_non_target_examples() -> None:
+    data = [Example(text=f"review {i}", label=i % 2) for i in range(20)]
+    door = Backdoor(target=1, trigger=Trigger(("bb",), "start"), poison_rate=0.25, seed=3)
+    trained = door.poison_train(data)
+    changed = [i for i in range(20) if trained[i] != data[i]]
+    assert len(changed) == 5
+    assert all(trained[i].text.startswith("bb ") and trained[i].label == 1 for i in changed)
+    asr = door.asr_examples(data)
+    assert len(asr) == 10 and all(e.label == 1 and e.text.startswith("bb review ") for e in asr)
+    assert {int(e.text.split()[-1]) % 2 for e in asr} == {0}
+    assert door.malicious and not Backdoor(target=1).malicious
+    assert Backdoor(target=1).poison_train(data) == data
+
+
+def test_backdoor_manipulates_only_with_an_attack() -> None:
+    g = {"p": np.array([0.0, 1.0], np.float32)}
+    u = {"p": np.array([1.0, 1.0], np.float32)}
+    np.testing.assert_array_equal(
+        Backdoor(target=0, attack="boost", factor=5).manipulate(u, g)["p"], [5.0, 1.0]
+    )
+    np.testing.assert_array_equal(Backdoor(target=0, attack="sign-flip").manipulate(u, g)["p"], [-1.0, 1.0])
+    np.testing.assert_array_equal(Backdoor(target=0).manipulate(u, g)["p"], [1.0, 1.0])
+    with pytest.raises(AttackError):
+        Backdoor(target=0, attack="flood")
+    with pytest.raises(AttackError):
+        Backdoor(target=-1)
+
+
+class _AttackEngine(FakeEngine):
+    """FakeEngine whose accuracy on a set is the share of its examples carrying the trigger word."""
+
+    def get_prompt(self) -> dict[str, np.ndarray]:
+        return {"prompt_embeddings": np.array(self.prompt, np.float32)}
+
+    def evaluate(self, examples: list[Example], batch_size: int = 64) -> Any:
+        hits = sum(e.text.startswith("cf ") for e in examples)
+        return SimpleNamespace(accuracy=hits / len(examples), loss=0.5, n=len(examples))
+
+
+class _ScriptedCoordinator(FakeCoordinator):
+    """Evaluate version 0, train round 1, then done; the spec asks for Laplace LDP."""
+
+    def __init__(self, spec: FederationSpec) -> None:
+        super().__init__(fail_uploads=0)
+        self.spec = spec
+        self.evaluated = False
+        self.reports: list[dict[str, Any]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path.endswith("/spec"):
+            return httpx.Response(200, json=self.spec.model_dump(mode="json"))
+        if path.endswith("/evaluation"):
+            self.reports.append(json.loads(request.content))
+            return httpx.Response(201, json={"stored": True})
+        if path.endswith("/task") and not self.evaluated:
+            self.evaluated = True
+            return httpx.Response(
+                200, json={"kind": "evaluate", "version": 0, "sha256": wire.sha256(self.initial)}
+            )
+        return super().__call__(request)
+
+
+def test_malicious_worker_reports_asr_boosts_and_applies_ldp_before_upload(tmp_path: Path) -> None:
+    spec = SPEC.model_copy(update={"privacy": PrivacySpec(epsilon=1e6, clip=12.0)})
+    coordinator = _ScriptedCoordinator(spec)
+    data = [Example(text=f"t{i}", label=i % 2) for i in range(6)]  # three of label 0, three of label 1
+    backdoor = Backdoor(
+        target=1, trigger=Trigger(("cf",), "start"), poison_rate=1.0, attack="boost", factor=2.0
+    )
+    agent = Agent(
+        AgentConfig("http://coordinator", 1, "fpe_x", "w", tmp_path, backdoor=backdoor),
+        data,
+        data,
+        transport=httpx.MockTransport(coordinator),
+        engine_factory=lambda s, d: _AttackEngine(),
+    )
+    assert {e.label for e in agent.train_data} == {1} and len(agent.asr_data) == 3
+    _run_until_done(agent)
+
+    (report,) = coordinator.reports
+    assert report["accuracy"] == 0.0 and report["metrics"] == {"asr": 1.0, "asr_samples": 3}
+    tensors, meta = wire.decode(coordinator.uploads[-1])
+    metrics = json.loads(meta["metrics"])
+    assert metrics["local_asr"] == 1.0 and metrics["epsilon"] == 1e6
+    # trained: global 1 + 3 steps = 4; boosted x2 around 1 → 7 (L1 of the update 48); clipped to L1 12 → 2.5
+    np.testing.assert_allclose(tensors["prompt_embeddings"], np.full((2, 4), 2.5), atol=1e-3)
+
+
+def test_honest_worker_without_privacy_uploads_the_trained_prompt_unchanged(tmp_path: Path) -> None:
+    coordinator = _ScriptedCoordinator(SPEC)
+    data = [Example(text=f"t{i}", label=i % 2) for i in range(4)]
+    agent = Agent(
+        AgentConfig("http://coordinator", 1, "fpe_x", "w", tmp_path, backdoor=Backdoor(target=0)),
+        data,
+        data,
+        transport=httpx.MockTransport(coordinator),
+        engine_factory=lambda s, d: _AttackEngine(),
+    )
+    _run_until_done(agent)
+    tensors, meta = wire.decode(coordinator.uploads[-1])
+    np.testing.assert_array_equal(tensors["prompt_embeddings"], np.full((2, 4), 4.0, np.float32))
+    assert set(json.loads(meta["metrics"])) == {"loss", "last_loss", "seconds"}
+    assert coordinator.reports[0]["metrics"] == {"asr": 0.0, "asr_samples": 2}
+
+
+def test_evaluation_summary_weights_asr_by_its_own_sample_count() -> None:
+    rows = [
+        SimpleNamespace(num_samples=100, accuracy=0.8, loss=0.5, metrics={"asr": 0.1, "asr_samples": 50}),
+        SimpleNamespace(num_samples=300, accuracy=0.6, loss=None, metrics={"asr": 0.5, "asr_samples": 10}),
+    ]
+    out = summarize_evaluations(3, rows)
+    assert out is not None
+    assert out["accuracy"] == pytest.approx(0.65)
+    assert out["asr"] == pytest.approx((0.1 * 50 + 0.5 * 10) / 60)
+    assert out["asr_samples"] == 60
