@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from shared.methods import PROMPT_TENSOR, MethodConfig, MethodError, num_parameters
+from shared.methods import tensor_shapes as method_tensor_shapes
+
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-PROMPT_TENSOR = "prompt_embeddings"
+__all__ = ["DEFAULT_MODEL", "PROMPT_TENSOR", "AggregationSpec", "FederationSpec", "initial_prompt"]
 
 
 class AggregationSpec(BaseModel):
@@ -40,9 +43,36 @@ class FederationSpec(BaseModel):
     name: str = Field("federation", min_length=1, max_length=200)
     model: str = Field(DEFAULT_MODEL, min_length=1, description="Hub id or local path of the frozen PLM.")
     model_fingerprint: str | None = Field(None, description="Workers with another model refuse to join.")
-    method: Literal["prompt_tuning"] = "prompt_tuning"
+    model_info: dict[str, Any] | None = Field(
+        None,
+        description="What the fingerprint hashes (architecture, hidden size, layers, vocabulary size, file "
+        "hashes); a worker whose model differs names the differing fields.",
+    )
+    family: Literal["masked_lm", "causal_lm", "seq2seq"] = Field(
+        "masked_lm",
+        description="How label words are read: at [MASK] (masked LM), as the next token after the text "
+        "before [MASK] (causal LM), or as the first decoder token (seq2seq).",
+    )
+    method: Literal["prompt_tuning", "p_tuning", "prefix_tuning"] = "prompt_tuning"
     num_virtual_tokens: int = Field(20, ge=1, le=1024)
     hidden_size: int = Field(384, ge=1, le=65536, description="Hidden size of the PLM (MiniLM: 384).")
+    num_layers: int | None = Field(
+        None, ge=1, le=1024, description="Transformer layers of the PLM (needed by prefix tuning)."
+    )
+    num_attention_heads: int | None = Field(
+        None, ge=1, le=1024, description="Attention heads of the PLM (needed to export prefix tuning)."
+    )
+    encoder_type: Literal["mlp", "lstm"] = Field("mlp", description="P-tuning's prompt encoder.")
+    encoder_hidden_size: int | None = Field(
+        None, ge=1, le=65536, description="Hidden size of the prompt encoder (default: hidden_size)."
+    )
+    encoder_num_layers: int = Field(2, ge=1, le=8, description="LSTM layers of P-tuning's LSTM encoder.")
+    prefix_projection: bool = Field(
+        False, description="Prefix tuning re-parameterised by an MLP (then the MLP is communicated)."
+    )
+    params_full_model: int | None = Field(
+        None, ge=1, description="Parameters of the whole PLM: the ledger's full fine-tuning reference."
+    )
     init_std: float = Field(
         0.05, gt=0, le=100, description="Std of the seeded random initial prompt (≈ word-embedding scale)."
     )
@@ -93,15 +123,36 @@ class FederationSpec(BaseModel):
             )
         if "[MASK]" not in self.template:
             raise ValueError("template needs a [MASK] slot where the label word is read")
+        try:
+            self.tensor_shapes()
+        except MethodError as exc:
+            raise ValueError(str(exc)) from None
         return self
+
+    def method_config(self) -> MethodConfig:
+        """The fields that fix the method's communicated tensors."""
+        return MethodConfig(
+            method=self.method,
+            num_virtual_tokens=self.num_virtual_tokens,
+            hidden_size=self.hidden_size,
+            num_layers=self.num_layers,
+            encoder_type=self.encoder_type,
+            encoder_hidden_size=self.encoder_hidden_size,
+            encoder_num_layers=self.encoder_num_layers,
+            prefix_projection=self.prefix_projection,
+        )
+
+    def params_communicated(self) -> int:
+        """Parameters one client sends (or receives) per round."""
+        return num_parameters(self.method_config())
 
     def prompt_bytes(self) -> int:
         """Size of the communicated tensors as float32."""
         return 4 * sum(math.prod(shape) for shape in self.tensor_shapes().values())
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Names and shapes of the communicated tensors."""
-        return {PROMPT_TENSOR: (self.num_virtual_tokens, self.hidden_size)}
+        """Names and shapes of the communicated tensors (per method; see shared.methods)."""
+        return method_tensor_shapes(self.method_config())
 
     def num_selected(self, available: int) -> int:
         """How many clients a round selects: max(ceil(C*K), min_clients), at most K."""

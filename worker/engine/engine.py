@@ -15,15 +15,18 @@ from torch import nn
 from torch.nn import functional as F
 
 from shared import wire
-from shared.spec import PROMPT_TENSOR
+from shared.methods import PROMPT_TENSOR, EncoderType, Method, MethodConfig, peft_state_names, tensor_shapes
+from worker.engine.methods import model_shape, wrap
 from worker.engine.model import (
     Backbone,
     Head,
     default_num_threads,
     describe_model,
     describe_objects,
+    detect_family,
     encoder_only,
     fingerprint_of,
+    language_model,
     load_backbone,
     pick_device,
     resolve_model,
@@ -112,7 +115,7 @@ def _cycle_batches(n: int, batch_size: int, rng: np.random.Generator) -> Iterato
 
 
 class PromptEngine:
-    """A frozen PLM with a trainable soft prompt of shape [num_virtual_tokens, hidden] prepended to its input."""
+    """A frozen PLM with a trainable prompt method (prompt tuning, P-tuning or prefix tuning, via HF PEFT)."""
 
     def __init__(
         self,
@@ -130,6 +133,11 @@ class PromptEngine:
         num_threads: int | None = None,
         fingerprint: str = "",
         description: dict[str, Any] | None = None,
+        method: Method = "prompt_tuning",
+        encoder_type: EncoderType = "mlp",
+        encoder_hidden_size: int | None = None,
+        encoder_num_layers: int = 2,
+        prefix_projection: bool = False,
     ) -> None:
         if num_virtual_tokens < 1:
             raise ValueError(f"num_virtual_tokens must be >= 1; got {num_virtual_tokens}")
@@ -137,7 +145,8 @@ class PromptEngine:
         if self.device.type == "cpu":
             torch.set_num_threads(num_threads or default_num_threads())
         self.tokenizer = tokenizer
-        self.template = Template(template, tokenizer, max_length)
+        self.family = backbone.family
+        self.template = Template(template, tokenizer, max_length, backbone.family)
         self.verbalizer = Verbalizer(verbalizer, tokenizer)
         self.num_virtual_tokens = num_virtual_tokens
         self.max_length = max_length
@@ -155,7 +164,31 @@ class PromptEngine:
                 module.eval()
                 module.to(self.device)
 
-        self.prompt = nn.Parameter(self._initial_prompt(init, init_std, seed).to(self.device))
+        _, num_layers, self.num_attention_heads = model_shape(backbone.config)
+        self.method_config = MethodConfig(
+            method=method,
+            num_virtual_tokens=num_virtual_tokens,
+            hidden_size=self.hidden_size,
+            num_layers=num_layers,
+            encoder_type=encoder_type,
+            encoder_hidden_size=encoder_hidden_size,
+            encoder_num_layers=encoder_num_layers,
+            prefix_projection=prefix_projection,
+        )
+        self.method = method
+        # PEFT initialises the encoder's layers from torch's global RNG: seed it so a seed means one prompt.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self._peft, self._encoder = wrap(backbone, self.method_config)
+        self._encoder.to(self.device)
+        module_params = dict(self._encoder.named_parameters())
+        self._params: dict[str, nn.Parameter] = {
+            wire_name: module_params[name] for wire_name, name in peft_state_names(self.method_config).items()
+        }
+        self._initialise(init, init_std, seed)
+        if self.family == "seq2seq":
+            start = getattr(backbone.config, "decoder_start_token_id", None)
+            self._decoder_start = int(start if start is not None else (backbone.config.pad_token_id or 0))
         self._word_ids = torch.tensor(self.verbalizer.word_ids, dtype=torch.long, device=self.device)
         # scores = word_logits @ average.T: the mean over each label's words as one matmul.
         average = torch.zeros(self.verbalizer.num_labels, len(self.verbalizer.word_ids))
@@ -165,6 +198,35 @@ class PromptEngine:
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     # ------------------------------------------------------------------ construction
+
+    @property
+    def prompt(self) -> nn.Parameter:
+        """The virtual-token embeddings (prompt tuning, prefixes) or the encoder's input embeddings (P-tuning)."""
+        if PROMPT_TENSOR in self._params:
+            return self._params[PROMPT_TENSOR]
+        return self._params["prompt_encoder.embedding.weight"]
+
+    def _initialise(self, init: Init, init_std: float, seed: int) -> None:
+        shapes = tensor_shapes(self.method_config)
+        if init == "random":
+            # The same stream as shared.spec.initial_prompt, so a seed means the same prompt everywhere.
+            rng = np.random.default_rng([seed, 0xF0])
+            values = {
+                n: (rng.standard_normal(shape) * init_std).astype(np.float32) for n, shape in shapes.items()
+            }
+            self.set_prompt(values)
+            return
+        if init != "vocab":
+            raise ValueError(f"init must be 'random' or 'vocab'; got {init!r}")
+        target = self.prompt
+        if tuple(target.shape) != (self.num_virtual_tokens, self.hidden_size):
+            # Un-projected prefixes are keys and values, not word embeddings: seeded Gaussian instead.
+            rng = np.random.default_rng([seed, 0xF0])
+            value = torch.from_numpy((rng.standard_normal(tuple(target.shape)) * init_std).astype(np.float32))
+        else:
+            value = self._initial_prompt(init, init_std, seed)
+        with torch.no_grad():
+            target.copy_(value.to(self.device))
 
     @classmethod
     def load(
@@ -180,8 +242,13 @@ class PromptEngine:
         seed: int = 0,
         device: str = "auto",
         num_threads: int | None = None,
+        **method: Any,
     ) -> PromptEngine:
-        """Load a masked LM by hub id or local path ('all-MiniLM-L6-v2' → the offline package) and wrap it."""
+        """Load a PLM by hub id or local path ('all-MiniLM-L6-v2' → the offline package) and wrap it.
+
+        ``method`` takes the method options of the constructor (method, encoder_type, encoder_hidden_size,
+        encoder_num_layers, prefix_projection).
+        """
         from transformers import AutoTokenizer
 
         path = resolve_model(model)
@@ -202,6 +269,7 @@ class PromptEngine:
             num_threads=num_threads,
             fingerprint=fingerprint_of(description),
             description=description,
+            **method,
         )
 
     @classmethod
@@ -215,7 +283,13 @@ class PromptEngine:
         head: Literal["auto", "mlm", "tied-embeddings"] = "auto",
         **kwargs: Any,
     ) -> PromptEngine:
-        """Wrap an already built transformers model (a *ForMaskedLM, or a bare encoder such as BertModel)."""
+        """Wrap a built transformers model: a *ForMaskedLM or bare encoder, a causal LM, or a seq2seq LM."""
+        if detect_family(model.config, model) != "masked_lm":
+            backbone = language_model(model)
+            description = describe_objects(model.config, tokenizer)
+            kwargs.setdefault("fingerprint", fingerprint_of(description))
+            kwargs.setdefault("description", description)
+            return cls(backbone, tokenizer, template=template, verbalizer=verbalizer, **kwargs)
         if head == "mlm" and model.get_output_embeddings() is None:
             raise ValueError(f"{type(model).__name__} has no MLM head; use head='auto' or 'tied-embeddings'")
         if model.get_output_embeddings() is None or head == "tied-embeddings":
@@ -283,24 +357,26 @@ class PromptEngine:
     def scores(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask_pos: torch.Tensor
     ) -> torch.Tensor:
-        """Label scores [batch, num_labels] for encoded inputs, with the soft prompt prepended."""
+        """Label scores [batch, num_labels] for encoded inputs, through the prompt method."""
         batch = input_ids.shape[0]
-        embeds = self._backbone.input_embeddings(input_ids)
-        prompt = self.prompt.to(embeds.dtype).unsqueeze(0).expand(batch, -1, -1)
-        inputs = torch.cat([prompt, embeds], dim=1)
-        ones = torch.ones(
-            batch, self.num_virtual_tokens, dtype=attention_mask.dtype, device=attention_mask.device
-        )
-        mask = torch.cat([ones, attention_mask], dim=1)
         rows = torch.arange(batch, device=input_ids.device)
-        at = mask_pos + self.num_virtual_tokens
+        # Prompt tuning and P-tuning prepend virtual tokens; prefixes sit in the attention cache instead.
+        at = mask_pos + (0 if self.method == "prefix_tuning" else self.num_virtual_tokens)
         bb = self._backbone
-        if bb.full_model is not None:
-            # No separable head (e.g. DistilBERT): run the whole MLM and read the vocabulary logits.
-            logits = bb.full_model(inputs_embeds=inputs, attention_mask=mask).logits
-            word_logits = logits[rows, at][:, self._word_ids]
+        kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if self.family == "seq2seq":
+            kwargs["decoder_input_ids"] = torch.full(
+                (batch, 1), self._decoder_start, dtype=torch.long, device=input_ids.device
+            )
+        out = self._peft(**kwargs)
+        if self.family == "seq2seq":
+            # The first decoder token reads the label word.
+            word_logits = out.logits[:, 0][:, self._word_ids]
+        elif bb.full_model is not None:
+            # Causal LM (next token after the template), or a masked LM without a separable head (DistilBERT).
+            word_logits = out.logits[rows, at][:, self._word_ids]
         else:
-            hidden = bb.encoder(inputs_embeds=inputs, attention_mask=mask).last_hidden_state[rows, at]
+            hidden = out.last_hidden_state[rows, at]
             if bb.mlm_head is not None:
                 word_logits = bb.mlm_head(hidden)[:, self._word_ids]
             else:
@@ -322,13 +398,14 @@ class PromptEngine:
         weight_decay: float = 0.0,
         progress: ProgressFn | None = None,
     ) -> TrainResult:
-        """Run `steps` AdamW steps on the prompt only (a fresh optimiser per call), cycling seeded batches."""
+        """Run `steps` AdamW steps on the method's tensors only (a fresh optimiser per call), seeded batches."""
         if not examples:
             raise ValueError("cannot train on an empty data set")
         if steps < 0:
             raise ValueError(f"steps must be >= 0; got {steps}")
         labels = self._labels(examples)
-        optimizer = torch.optim.AdamW([self.prompt], lr=lr, weight_decay=weight_decay)
+        params = list(self._params.values())
+        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
         batches = _cycle_batches(len(examples), batch_size, np.random.default_rng([seed, 0xBA]))
         started = time.perf_counter()
         losses: list[float] = []
@@ -342,7 +419,7 @@ class PromptEngine:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_([self.prompt], grad_clip)
+                torch.nn.utils.clip_grad_norm_(params, grad_clip)
             optimizer.step()
             value = float(loss.detach())
             if not math.isfinite(value):
@@ -419,23 +496,27 @@ class PromptEngine:
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Names and shapes of the communicated (trainable) tensors."""
-        return {PROMPT_TENSOR: (self.num_virtual_tokens, self.hidden_size)}
+        return tensor_shapes(self.method_config)
 
     def trainable_parameters(self) -> dict[str, nn.Parameter]:
-        """Every tensor that receives gradients: exactly the prompt."""
-        return {PROMPT_TENSOR: self.prompt}
+        """Every tensor that receives gradients, keyed by wire name: exactly the method's tensors."""
+        return dict(self._params)
 
     def frozen_modules(self) -> list[nn.Module]:
         """The PLM modules that are never trained."""
         bb = self._backbone
-        return [m for m in (bb.encoder, bb.mlm_head, bb.full_model) if m is not None]
+        modules: list[nn.Module] = []
+        for m in (bb.encoder, bb.mlm_head, bb.full_model):
+            if m is not None and all(m is not seen for seen in modules):
+                modules.append(m)
+        return modules
 
     def get_prompt(self) -> dict[str, np.ndarray]:
         """A float32 copy of the trainable tensors, keyed by their wire names."""
-        return {PROMPT_TENSOR: self.prompt.detach().float().cpu().numpy().copy()}
+        return {name: p.detach().float().cpu().numpy().copy() for name, p in self._params.items()}
 
     def set_prompt(self, tensors: Mapping[str, np.ndarray | torch.Tensor]) -> None:
-        """Replace the prompt; names and shapes must match exactly and values must be finite."""
+        """Replace the method's tensors; names and shapes must match exactly and values must be finite."""
         expected = self.tensor_shapes()
         missing = sorted(set(expected) - set(tensors))
         extra = sorted(set(tensors) - set(expected))
@@ -455,7 +536,8 @@ class PromptEngine:
             if tuple(array.shape) != shape:
                 raise PromptError(
                     f"prompt tensor '{name}' has shape {list(array.shape)}; expected {list(shape)} "
-                    f"(num_virtual_tokens={self.num_virtual_tokens}, hidden_size={self.hidden_size})"
+                    f"(method={self.method}, num_virtual_tokens={self.num_virtual_tokens}, "
+                    f"hidden_size={self.hidden_size})"
                 )
             if not array.is_floating_point():
                 raise PromptError(f"prompt tensor '{name}' has dtype {array.dtype}; expected float32")
@@ -464,7 +546,8 @@ class PromptEngine:
                 raise PromptError(f"prompt tensor '{name}' contains NaN or Inf values")
             values[name] = array
         with torch.no_grad():
-            self.prompt.copy_(values[PROMPT_TENSOR].to(self.device))
+            for name, value in values.items():
+                self._params[name].copy_(value.to(self.device))
 
     def save_prompt(self, metadata: Mapping[str, Any] | None = None) -> bytes:
         """The prompt as safetensors bytes (shared.wire format) with the caller's metadata."""

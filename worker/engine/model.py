@@ -29,7 +29,8 @@ TOKENIZER_FILES = (
     "added_tokens.json",
 )
 
-Head = Literal["mlm", "tied-embeddings"]
+Head = Literal["mlm", "tied-embeddings", "lm"]
+Family = Literal["masked_lm", "causal_lm", "seq2seq"]
 
 
 class ModelError(ValueError):
@@ -68,6 +69,30 @@ class Backbone:
     full_model: nn.Module | None
     input_embeddings: nn.Embedding
     config: Any
+    family: Family = "masked_lm"
+
+    @property
+    def runner(self) -> nn.Module:
+        """The module the prompt method wraps and runs: the whole model when it has no separable head."""
+        return self.full_model if self.full_model is not None else self.encoder
+
+
+def detect_family(config: Any, model: nn.Module | None = None) -> Family:
+    """masked_lm, causal_lm or seq2seq, from a model's config (and class, when built in memory)."""
+    if getattr(config, "is_encoder_decoder", False):
+        return "seq2seq"
+    names = (
+        [type(model).__name__] if model is not None else list(getattr(config, "architectures", None) or [])
+    )
+    if any(name.endswith(("ForCausalLM", "LMHeadModel")) for name in names):
+        return "causal_lm"
+    return "masked_lm"
+
+
+def language_model(model: nn.Module) -> Backbone:
+    """A causal or seq2seq LM: run whole, label words read from its vocabulary logits."""
+    family = detect_family(model.config, model)
+    return Backbone(model, "lm", None, model, model.get_input_embeddings(), model.config, family)
 
 
 def _head_module(model: nn.Module) -> nn.Module | None:
@@ -104,9 +129,14 @@ def encoder_only(model: nn.Module) -> Backbone:
 
 def load_backbone(path: str) -> Backbone:
     """Load a masked LM; if its checkpoint lacks the MLM head weights, score with the tied input embeddings."""
-    from transformers import AutoConfig, AutoModelForMaskedLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 
     config = AutoConfig.from_pretrained(path)
+    family = detect_family(config)
+    if family != "masked_lm":
+        auto = AutoModelForSeq2SeqLM if family == "seq2seq" else AutoModelForCausalLM
+        with _quiet_transformers():
+            return language_model(auto.from_pretrained(path))
     with _quiet_transformers():
         try:
             model, info = AutoModelForMaskedLM.from_pretrained(path, output_loading_info=True)

@@ -51,11 +51,20 @@ def special_affixes(tokenizer: Any) -> tuple[list[int], list[int]]:
 class Template:
     """A prompt template such as '{text} It was [MASK].' or '{text_a} ? [MASK] , {text_b}'."""
 
-    def __init__(self, template: str, tokenizer: Any, max_length: int) -> None:
+    def __init__(
+        self,
+        template: str,
+        tokenizer: Any,
+        max_length: int,
+        family: Literal["masked_lm", "causal_lm", "seq2seq"] = "masked_lm",
+    ) -> None:
         if template.count(MASK_SLOT) != 1:
             raise TemplateError(f"template must contain exactly one {MASK_SLOT} slot; got {template!r}")
-        if tokenizer.mask_token_id is None:
-            raise TemplateError("the tokenizer has no mask token; a [MASK] template needs a masked LM")
+        self.family = family
+        self.mask_id = _mask_id(tokenizer, family)
+        if family == "causal_lm":
+            # The label word is the next token after the text before [MASK]; what follows [MASK] is never read.
+            template = template[: template.index(MASK_SLOT) + len(MASK_SLOT)]
         slots = set(re.findall(r"\{(text|text_a|text_b)\}", template))
         if slots == {"text"}:
             self.task: Literal["single", "pair"] = "single"
@@ -168,17 +177,39 @@ class Template:
                 if piece.kind == "literal":
                     body.extend(self._literal_ids[i])
                 elif piece.kind == "slot":
-                    mask_id = self.tokenizer.mask_token_id
+                    mask_id = self.mask_id
                     body.extend(
                         self._mask_substitute if t == mask_id else t for t in slot_ids[i][row][: kept[i]]
                     )
                 else:
                     mask_at = len(body)
-                    body.append(self.tokenizer.mask_token_id)
+                    if self.mask_id is not None:
+                        body.append(self.mask_id)
+            if self.mask_id is None:
+                # Causal LM: the logits at the last token before [MASK] predict the label word; no end tokens.
+                all_ids.append(self._prefix + body)
+                positions.append(self._body_offset + mask_at - 1)
+                continue
             all_ids.append(self._prefix + body + self._suffix)
             # Special tokens only wrap the body, so the mask moved by the number of leading specials.
             positions.append(self._body_offset + mask_at)
         return Encoded(all_ids, positions)
+
+
+def _mask_id(tokenizer: Any, family: str) -> int | None:
+    """The token that stands for [MASK]: the mask token, T5's first sentinel, or none for a causal LM."""
+    if family == "causal_lm":
+        return None
+    if tokenizer.mask_token_id is not None:
+        return int(tokenizer.mask_token_id)
+    if family == "seq2seq":
+        sentinel = tokenizer.convert_tokens_to_ids("<extra_id_0>")
+        if sentinel is not None and sentinel != tokenizer.unk_token_id:
+            return int(sentinel)
+        raise TemplateError(
+            "the tokenizer has neither a mask token nor T5's <extra_id_0> sentinel for [MASK]"
+        )
+    raise TemplateError("the tokenizer has no mask token; a [MASK] template needs a masked LM")
 
 
 class Verbalizer:

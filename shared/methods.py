@@ -1,0 +1,242 @@
+"""Prompt methods as data: the communicated tensors of each method and their PEFT adapter form.
+
+numpy only (the coordinator validates, averages and exports with it and never imports torch). The tensor
+names are the parameter names of HF PEFT's prompt encoders, so a worker loads them into PEFT with
+``strict=True`` and the export below is what ``PeftModel.save_pretrained`` would write:
+
+- ``prompt_tuning``: ``prompt_embeddings`` [n, hidden] (PEFT ``PromptEmbedding.embedding.weight``).
+- ``p_tuning``: the prompt encoder itself, ``prompt_encoder.embedding.weight`` plus its MLP or LSTM
+  (PEFT ``PromptEncoder``); FedPrompt communicates the encoder, not its output.
+- ``prefix_tuning``: ``prompt_embeddings`` [n, 2 * layers * hidden], the key/value prefixes of every layer
+  (PEFT ``PrefixEncoder.embedding.weight``); with ``prefix_projection`` the re-parameterisation
+  (``prompt_encoder.embedding.weight`` and ``prompt_encoder.transform.*``) is communicated instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+Method = Literal["prompt_tuning", "p_tuning", "prefix_tuning"]
+Family = Literal["masked_lm", "causal_lm", "seq2seq"]
+EncoderType = Literal["mlp", "lstm"]
+METHODS: tuple[str, ...] = ("prompt_tuning", "p_tuning", "prefix_tuning")
+FAMILIES: tuple[str, ...] = ("masked_lm", "causal_lm", "seq2seq")
+
+PROMPT_TENSOR = "prompt_embeddings"
+ENCODER_PREFIX = "prompt_encoder."
+
+# PEFT's names for the methods and for the way a model family is wrapped.
+PEFT_TYPES = {"prompt_tuning": "PROMPT_TUNING", "p_tuning": "P_TUNING", "prefix_tuning": "PREFIX_TUNING"}
+PEFT_TASK_TYPES = {"masked_lm": "FEATURE_EXTRACTION", "causal_lm": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM"}
+
+
+class MethodError(ValueError):
+    """A method configuration that cannot work (e.g. prefix tuning without the number of layers)."""
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """Everything that fixes the names and shapes of a method's communicated tensors."""
+
+    method: Method = "prompt_tuning"
+    num_virtual_tokens: int = 20
+    hidden_size: int = 384
+    num_layers: int | None = None
+    encoder_type: EncoderType = "mlp"
+    encoder_hidden_size: int | None = None
+    encoder_num_layers: int = 2
+    prefix_projection: bool = False
+
+    @property
+    def encoder_hidden(self) -> int:
+        """Hidden size of the re-parameterisation (default: the model's hidden size, as in PEFT's examples)."""
+        return self.encoder_hidden_size or self.hidden_size
+
+    @property
+    def communicates_encoder(self) -> bool:
+        """Whether the wire carries an encoder (P-tuning, projected prefixes) rather than the prompt itself."""
+        return self.method == "p_tuning" or (self.method == "prefix_tuning" and self.prefix_projection)
+
+    def prompt_width(self) -> int:
+        """Width of one materialised virtual token: hidden, or 2 * layers * hidden for prefixes."""
+        if self.method == "prefix_tuning":
+            if not self.num_layers:
+                raise MethodError("prefix tuning needs num_layers (the model's number of transformer layers)")
+            return 2 * self.num_layers * self.hidden_size
+        return self.hidden_size
+
+
+def tensor_shapes(cfg: MethodConfig) -> dict[str, tuple[int, ...]]:
+    """Wire names and shapes of the tensors a method communicates (PEFT parameter names)."""
+    n, h, e = cfg.num_virtual_tokens, cfg.hidden_size, cfg.encoder_hidden
+    if cfg.method == "prompt_tuning":
+        return {PROMPT_TENSOR: (n, h)}
+    if cfg.method == "prefix_tuning":
+        width = cfg.prompt_width()
+        if not cfg.prefix_projection:
+            return {PROMPT_TENSOR: (n, width)}
+        return _prefixed(
+            {
+                "embedding.weight": (n, h),
+                "transform.0.weight": (e, h),
+                "transform.0.bias": (e,),
+                "transform.2.weight": (width, e),
+                "transform.2.bias": (width,),
+            }
+        )
+    if cfg.method != "p_tuning":
+        raise MethodError(f"unknown method {cfg.method!r}; choose one of {', '.join(METHODS)}")
+    shapes: dict[str, tuple[int, ...]] = {"embedding.weight": (n, h)}
+    if cfg.encoder_type == "mlp":
+        shapes.update(
+            {
+                "mlp_head.0.weight": (e, h),
+                "mlp_head.0.bias": (e,),
+                "mlp_head.2.weight": (e, e),
+                "mlp_head.2.bias": (e,),
+                "mlp_head.4.weight": (h, e),
+                "mlp_head.4.bias": (h,),
+            }
+        )
+    elif cfg.encoder_type == "lstm":
+        for layer in range(cfg.encoder_num_layers):
+            width_in = h if layer == 0 else 2 * e
+            for suffix in (f"l{layer}", f"l{layer}_reverse"):
+                shapes[f"lstm_head.weight_ih_{suffix}"] = (4 * e, width_in)
+                shapes[f"lstm_head.weight_hh_{suffix}"] = (4 * e, e)
+                shapes[f"lstm_head.bias_ih_{suffix}"] = (4 * e,)
+                shapes[f"lstm_head.bias_hh_{suffix}"] = (4 * e,)
+        shapes.update(
+            {
+                "mlp_head.0.weight": (2 * e, 2 * e),
+                "mlp_head.0.bias": (2 * e,),
+                "mlp_head.2.weight": (h, 2 * e),
+                "mlp_head.2.bias": (h,),
+            }
+        )
+    else:
+        raise MethodError(f"encoder_type must be 'mlp' or 'lstm'; got {cfg.encoder_type!r}")
+    return _prefixed(shapes)
+
+
+def _prefixed(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    return {ENCODER_PREFIX + name: shape for name, shape in shapes.items()}
+
+
+def num_parameters(cfg: MethodConfig) -> int:
+    """Parameters communicated per transfer (one direction, one client)."""
+    return sum(math.prod(shape) for shape in tensor_shapes(cfg).values())
+
+
+def peft_state_names(cfg: MethodConfig) -> dict[str, str]:
+    """Wire name → parameter name inside PEFT's prompt encoder module."""
+    return {
+        name: (name[len(ENCODER_PREFIX) :] if name.startswith(ENCODER_PREFIX) else "embedding.weight")
+        for name in tensor_shapes(cfg)
+    }
+
+
+# ---------------------------------------------------------------------- materialising the prompt (numpy)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _lstm_direction(x: np.ndarray, w_ih: np.ndarray, w_hh: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """One direction of torch.nn.LSTM over a single sequence x [T, in] → [T, hidden] (gates i, f, g, o)."""
+    hidden = w_hh.shape[1]
+    h = np.zeros(hidden)
+    c = np.zeros(hidden)
+    out = np.zeros((x.shape[0], hidden))
+    for t in range(x.shape[0]):
+        gates = w_ih @ x[t] + w_hh @ h + b
+        i, f, g, o = np.split(gates, 4)
+        c = _sigmoid(f) * c + _sigmoid(i) * np.tanh(g)
+        h = _sigmoid(o) * np.tanh(c)
+        out[t] = h
+    return out
+
+
+def materialise(cfg: MethodConfig, tensors: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The virtual tokens the model sees, [n, width], computed from the communicated tensors (float64 math)."""
+    if not cfg.communicates_encoder:
+        return np.asarray(tensors[PROMPT_TENSOR], dtype=np.float32)
+    t = {name[len(ENCODER_PREFIX) :]: np.asarray(v, dtype=np.float64) for name, v in tensors.items()}
+    x = t["embedding.weight"]
+
+    def linear(a: np.ndarray, name: str) -> np.ndarray:
+        return a @ t[f"{name}.weight"].T + t[f"{name}.bias"]
+
+    if cfg.method == "prefix_tuning":
+        out = linear(np.tanh(linear(x, "transform.0")), "transform.2")
+    elif cfg.encoder_type == "mlp":
+        hidden = np.maximum(linear(x, "mlp_head.0"), 0.0)
+        hidden = np.maximum(linear(hidden, "mlp_head.2"), 0.0)
+        out = linear(hidden, "mlp_head.4")
+    else:
+        seq = x
+        for layer in range(cfg.encoder_num_layers):
+            parts = []
+            for suffix, reverse in ((f"l{layer}", False), (f"l{layer}_reverse", True)):
+                inp = seq[::-1] if reverse else seq
+                bias = t[f"lstm_head.bias_ih_{suffix}"] + t[f"lstm_head.bias_hh_{suffix}"]
+                res = _lstm_direction(
+                    inp, t[f"lstm_head.weight_ih_{suffix}"], t[f"lstm_head.weight_hh_{suffix}"], bias
+                )
+                parts.append(res[::-1] if reverse else res)
+            seq = np.concatenate(parts, axis=1)
+        out = linear(np.maximum(linear(seq, "mlp_head.0"), 0.0), "mlp_head.2")
+    return out.astype(np.float32)
+
+
+def peft_adapter_config(
+    cfg: MethodConfig,
+    *,
+    family: Family,
+    base_model: str,
+    num_attention_heads: int | None,
+) -> dict[str, Any]:
+    """adapter_config.json of the exported adapter (PEFT's fields for the method, inference mode)."""
+    if cfg.method == "prefix_tuning" and not num_attention_heads:
+        raise MethodError("exporting prefix tuning needs num_attention_heads (the model's attention heads)")
+    config: dict[str, Any] = {
+        "peft_type": PEFT_TYPES[cfg.method],
+        "task_type": PEFT_TASK_TYPES[family],
+        "base_model_name_or_path": base_model,
+        "revision": None,
+        "inference_mode": True,
+        "num_virtual_tokens": cfg.num_virtual_tokens,
+        "token_dim": cfg.hidden_size,
+        # One set of virtual tokens, for the encoder input: how the engine trains seq2seq models too.
+        "num_transformer_submodules": 1,
+        "num_attention_heads": num_attention_heads,
+        "num_layers": cfg.num_layers,
+        "modules_to_save": None,
+    }
+    if cfg.method == "prompt_tuning":
+        config.update(
+            {
+                "prompt_tuning_init": "RANDOM",
+                "prompt_tuning_init_text": None,
+                "tokenizer_name_or_path": None,
+                "tokenizer_kwargs": None,
+            }
+        )
+    elif cfg.method == "p_tuning":
+        config.update(
+            {
+                "encoder_reparameterization_type": cfg.encoder_type.upper(),
+                "encoder_hidden_size": cfg.encoder_hidden,
+                "encoder_num_layers": cfg.encoder_num_layers,
+                "encoder_dropout": 0.0,
+            }
+        )
+    else:
+        config.update({"encoder_hidden_size": cfg.encoder_hidden, "prefix_projection": cfg.prefix_projection})
+    return config
