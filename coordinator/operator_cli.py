@@ -475,6 +475,9 @@ def _register_simulate() -> None:
     app.command(
         "simulate", help="Run a whole federation on this machine (coordinator + K worker processes)."
     )(simulate_command)
+    from worker.experiments.cli import app as experiment_app
+
+    app.add_typer(experiment_app, name="experiment")
 
 
 def main() -> None:

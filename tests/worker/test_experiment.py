@@ -1,0 +1,177 @@
+"""Experiment runner and report: grid expansion, resume, skipped options, tables, RESULTS.md blocks.
+
+The simulate process is replaced by a fake runner that writes a results.json; the real simulate is
+exercised end to end in tests/e2e/test_attack.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from worker.experiments import runner
+from worker.experiments.config import ConfigError, ExperimentConfig, cell_id, expand, load_config
+from worker.experiments.report import cell_metrics, pivot, replace_block, report
+from worker.experiments.runner import run_experiment, to_args
+
+CONFIG = """
+name: demo
+title: "Demo grid"
+base: {dataset: sst2, clients: 10, rounds: 2, train_limit: 200}
+grid:
+  malicious: [1, 2]
+  aggregation: [fedavg, "trimmed_mean:beta=0.2"]
+extra_cells:
+  - {malicious: 0, aggregation: fedavg}
+seeds: [0]
+table: {rows: [malicious], columns: [aggregation], metrics: [final_accuracy, final_asr]}
+paper:
+  - match: {malicious: 1}
+    value: "12.3"
+"""
+
+
+def _config(tmp_path: Path, text: str = CONFIG) -> tuple[ExperimentConfig, Path]:
+    path = tmp_path / "demo.yaml"
+    path.write_text(text)
+    return load_config(path), path
+
+
+def _results(rounds: int, acc: float, asr: float, local: float | None = None) -> dict[str, Any]:
+    recs = [
+        {"round": r, "accuracy": acc, "asr": asr, "local_asr": local, "notes": {"3": "x"} if r == 1 else {}}
+        for r in range(1, rounds + 1)
+    ]
+    return {
+        "rounds": recs,
+        "initial_accuracy": 0.5,
+        "final_accuracy": acc,
+        "initial_asr": 0.1,
+        "final_asr": asr,
+        "wall_seconds": 12.0,
+    }
+
+
+class FakeSimulate:
+    """Stands in for `fedprompt simulate`: records the arguments, writes results.json into --out."""
+
+    def __init__(self, fail: set[str] | None = None) -> None:
+        self.calls: list[list[str]] = []
+        self.fail = fail or set()
+
+    def __call__(self, args: list[str], log: Path) -> int:
+        self.calls.append(args)
+        out = Path(args[args.index("--out") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        if out.name in self.fail:
+            return 1
+        malicious = int(args[args.index("--malicious") + 1])
+        (out / "results.json").write_text(json.dumps(_results(2, 0.8 - 0.1 * malicious, 0.1 * malicious)))
+        return 0
+
+
+def test_grid_expands_to_the_product_plus_extra_cells_with_stable_ids(tmp_path: Path) -> None:
+    config, _ = _config(tmp_path)
+    cells = expand(config)
+    assert [c.id for c in cells] == [
+        "malicious-1_aggregation-fedavg_seed-0",
+        "malicious-1_aggregation-trimmed-mean-beta-0.2_seed-0",
+        "malicious-2_aggregation-fedavg_seed-0",
+        "malicious-2_aggregation-trimmed-mean-beta-0.2_seed-0",
+        "malicious-0_aggregation-fedavg_seed-0",
+    ]
+    assert cells[1].options == {
+        "dataset": "sst2",
+        "clients": 10,
+        "rounds": 2,
+        "train_limit": 200,
+        "malicious": 1,
+        "aggregation": "trimmed_mean:beta=0.2",
+        "seed": 0,
+    }
+    assert cell_id({"ldp_epsilon": None}, 3) == "ldp-epsilon-none_seed-3"
+
+
+def test_to_args_maps_names_to_flags_and_drops_none() -> None:
+    assert to_args(
+        {"local_steps": 5, "ldp_epsilon": None, "baseline": True, "verbalizer": [["a"], ["b"]]}
+    ) == [
+        "--local-steps",
+        "5",
+        "--baseline",
+        "--verbalizer",
+        '[["a"], ["b"]]',
+    ]
+
+
+def test_bad_config_names_the_field(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="grid"):
+        _config(tmp_path, "name: x\ntitle: t\ngrid: {clients: []}\n")
+    with pytest.raises(ConfigError, match="name"):
+        _config(tmp_path, "name: 'Bad Name'\ntitle: t\n")
+
+
+def test_run_resumes_by_skipping_finished_cells(tmp_path: Path) -> None:
+    config, _ = _config(tmp_path)
+    fake = FakeSimulate(fail={"malicious-2_aggregation-fedavg_seed-0"})
+    first = run_experiment(config, tmp_path / "runs", runner=fake, echo=lambda _: None, limit=3)
+    assert [s["status"] for s in first] == ["done", "done", "failed (exit 1)", "pending", "pending"]
+    assert "--aggregation" in fake.calls[1] and "trimmed_mean:beta=0.2" in fake.calls[1]
+    cell = json.loads((tmp_path / "runs/demo/malicious-1_aggregation-fedavg_seed-0/cell.json").read_text())
+    assert cell["returncode"] == 0 and cell["command"].startswith("fedprompt simulate ")
+
+    fake2 = FakeSimulate()
+    second = run_experiment(config, tmp_path / "runs", runner=fake2, echo=lambda _: None)
+    assert all(s["status"] == "done" for s in second)
+    ran = [Path(a[a.index("--out") + 1]).name for a in fake2.calls]
+    assert ran == [
+        "malicious-2_aggregation-fedavg_seed-0",
+        "malicious-2_aggregation-trimmed-mean-beta-0.2_seed-0",
+        "malicious-0_aggregation-fedavg_seed-0",
+    ]
+
+
+def test_cells_with_options_simulate_lacks_are_skipped_unless_at_their_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner, "simulate_options", lambda: {"rounds", "malicious", "out", "seed"})
+    text = "name: m\ntitle: t\nbase: {rounds: 1, malicious: 0}\ngrid:\n  method: [prompt_tuning, p_tuning]\n"
+    config, _ = _config(tmp_path, text)
+    fake = FakeSimulate()
+    statuses = run_experiment(config, tmp_path / "runs", runner=fake, echo=lambda _: None)
+    assert statuses[0]["status"] == "done" and "--method" not in fake.calls[0]
+    assert statuses[1]["status"] == "skipped: simulate has no option ['method']"
+    assert len(fake.calls) == 1
+
+
+def test_cell_metrics_from_results() -> None:
+    m = cell_metrics(_results(3, 0.75, 0.2, local=0.9))
+    assert m["final_accuracy"] == 0.75 and m["initial_asr"] == 0.1 and m["final_asr"] == 0.2
+    assert m["max_local_asr"] == 0.9 and m["local_asr"] == pytest.approx(0.9)
+    assert m["rejected"] == 1 and m["rounds"] == 3
+
+
+def test_report_writes_tables_between_markers_and_keeps_the_rest(tmp_path: Path) -> None:
+    config, path = _config(tmp_path)
+    run_experiment(config, tmp_path / "runs", runner=FakeSimulate(), echo=lambda _: None)
+    md = tmp_path / "RESULTS.md"
+    md.write_text("# Results\n\nHand-written reading stays.\n")
+    report([path], tmp_path / "runs", md, tmp_path / "figs", tmp_path)
+    text = md.read_text()
+    assert "Hand-written reading stays." in text
+    assert "<!-- experiment:demo:start -->" in text and "5 of 5 cells run" in text
+    assert "| 1 | 70.0 | 10.0 | 70.0 | 10.0 | 12.3 |" in text
+    assert "| 0 | 80.0 | 0.0 | – | – | see paper |" in text
+    assert json.loads((tmp_path / "figs/demo.json").read_text())["cells"][0]["done"] is True
+    again = replace_block(text, "demo", "new body")
+    assert again.count("<!-- experiment:demo:start -->") == 1 and "new body" in again
+
+
+def test_pivot_of_an_unrun_experiment_shows_dashes(tmp_path: Path) -> None:
+    config, _ = _config(tmp_path)
+    table = pivot(config, [])
+    assert table.splitlines()[0].startswith("| malicious | aggregation=fedavg ACC")
+    assert "| 2 | – | – | – | – | see paper |" in table

@@ -1,0 +1,1 @@
+"""Experiment grids over `fedprompt simulate`: configs, a resumable runner, tables and plots."""

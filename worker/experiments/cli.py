@@ -1,0 +1,69 @@
+"""`fedprompt experiment run | report`: experiment grids over simulate, and their RESULTS.md tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(help="Run experiment grids (many simulations) and report them.", no_args_is_help=True)
+console = Console()
+
+OutOpt = Annotated[Path, typer.Option("--out", help="Where cell folders live.")]
+
+
+@app.command("run")
+def run_command(
+    config: Annotated[Path, typer.Argument(help="experiments/<name>.yaml")],
+    out: OutOpt = Path("runs/experiments"),
+    limit: Annotated[int | None, typer.Option(min=1, help="Run at most this many unfinished cells.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the cells and their state only.")] = False,
+) -> None:
+    """Run every unfinished cell of an experiment (finished cells are skipped: rerun to resume)."""
+    from worker.experiments.config import ConfigError, expand, load_config
+    from worker.experiments.runner import is_complete
+
+    try:
+        cfg = load_config(config)
+    except ConfigError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    if dry_run:
+        for cell in expand(cfg):
+            state = "done" if is_complete(out / cfg.name / cell.id, cell.options) else "todo"
+            console.print(f"{state:5} {cell.id}")
+        return
+    from worker.experiments.runner import run_experiment
+
+    statuses = run_experiment(cfg, out, echo=console.print, limit=limit)
+    failed = [s for s in statuses if s["status"].startswith("failed")]
+    done = sum(s["status"] == "done" for s in statuses)
+    console.print(f"{cfg.name}: {done}/{len(statuses)} cells done, {len(failed)} failed")
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command("report")
+def report_command(
+    configs: Annotated[
+        list[Path] | None, typer.Argument(help="Configs to report (default: experiments/*.yaml).")
+    ] = None,
+    out: OutOpt = Path("runs/experiments"),
+    results: Annotated[Path, typer.Option(help="The markdown file to update.")] = Path("RESULTS.md"),
+    figures: Annotated[Path, typer.Option(help="Where PNGs and summaries go.")] = Path("docs/results"),
+) -> None:
+    """Render each experiment's table and figures into RESULTS.md (between its markers)."""
+    from worker.experiments.config import ConfigError
+    from worker.experiments.report import report
+
+    paths = configs or sorted(Path("experiments").glob("*.yaml"))
+    try:
+        summaries = report(paths, out, results, figures, Path.cwd())
+    except ConfigError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    for name, records in summaries.items():
+        console.print(f"{name}: {sum(r['done'] for r in records)}/{len(records)} cells")
+    console.print(f"updated {results}")

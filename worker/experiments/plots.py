@@ -1,0 +1,76 @@
+"""Matplotlib figures of simulation results (PNG, headless)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_asr(path: Path, results: dict[str, Any]) -> None:
+    """Global ASR and malicious clients' local ASR per round, with the clean (initial prompt) ASR."""
+    from matplotlib.ticker import MaxNLocator
+
+    plt = _pyplot()
+    rounds = results["rounds"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    xs = [r["round"] for r in rounds if r.get("asr") is not None]
+    ys = [100 * r["asr"] for r in rounds if r.get("asr") is not None]
+    if results.get("initial_asr") is not None:
+        xs, ys = [0, *xs], [100 * results["initial_asr"], *ys]
+        ax.axhline(
+            100 * results["initial_asr"], color="grey", linestyle=":", label="clean ASR (initial prompt)"
+        )
+    ax.plot(xs, ys, marker="o", color="tab:blue", label="global prompt ASR")
+    local = [(r["round"], 100 * r["local_asr"]) for r in rounds if r.get("local_asr") is not None]
+    if local:
+        ax.plot(*zip(*local, strict=True), marker="^", color="tab:red", label="malicious clients' local ASR")
+    acc = [(r["round"], 100 * r["accuracy"]) for r in rounds if r.get("accuracy") is not None]
+    if results.get("initial_accuracy") is not None:
+        acc = [(0, 100 * results["initial_accuracy"]), *acc]
+    if acc:
+        ax.plot(*zip(*acc, strict=True), marker=".", color="tab:green", alpha=0.6, label="clean accuracy")
+    door = results.get("backdoor") or {}
+    spec = results["spec"]
+    agg = (spec.get("aggregation") or {}).get("name", "fedavg")
+    ax.set_title(
+        f"{results.get('dataset', '')} · K={results.get('clients')}, {door.get('malicious', 0)} malicious · "
+        f"{agg} · attack {door.get('attack', 'none')}",
+        fontsize=10,
+    )
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(-3, 103)
+    ax.set_xlabel("round")
+    ax.set_ylabel("%")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_lines(
+    path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, list[tuple[float, float]]]
+) -> None:
+    """One line per series of (x, y) points."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    for label, points in series.items():
+        if points:
+            ax.plot(*zip(*sorted(points), strict=True), marker="o", label=label)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

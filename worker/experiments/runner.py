@@ -1,0 +1,197 @@
+"""Run an experiment grid: one `fedprompt simulate` process per cell, each in its own folder.
+
+A cell whose folder holds a complete results.json is skipped, so running the same config again
+resumes a half-finished grid (a cell interrupted mid-way continues its federation: simulate
+resumes from its folder).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from worker.experiments.config import Cell, ExperimentConfig, expand
+
+# Options a cell may carry that simulate does not (yet) know, and the value that means "the default".
+DEFAULT_VALUES: dict[str, Any] = {"method": "prompt_tuning"}
+
+
+def simulate_options() -> set[str]:
+    """The option names `fedprompt simulate` accepts (its function's parameters)."""
+    from worker.simulate import simulate_command
+
+    return set(inspect.signature(simulate_command).parameters)
+
+
+def to_args(options: dict[str, Any]) -> list[str]:
+    """Simulate command-line arguments from option names (underscores) and values."""
+    args: list[str] = []
+    for key, value in options.items():
+        if value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        text = json.dumps(value) if isinstance(value, list | dict) else str(value)
+        args += [flag] if value is True else [flag, text]
+    return args
+
+
+def unsupported(options: dict[str, Any], known: set[str]) -> dict[str, Any]:
+    """Options simulate does not accept (those at their default value are dropped, not reported)."""
+    return {k: v for k, v in options.items() if k not in known and DEFAULT_VALUES.get(k) != v}
+
+
+def is_complete(folder: Path, options: dict[str, Any]) -> bool:
+    """True when the cell's results.json exists and holds every round."""
+    path = folder / "results.json"
+    if not path.exists():
+        return False
+    try:
+        results = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return False
+    want = int(options.get("rounds", 0) or 0)
+    return len(results.get("rounds", [])) >= want and results.get("final_accuracy") is not None
+
+
+def _fedprompt() -> str:
+    return str(Path(sys.executable).parent / "fedprompt")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def warm_start_options(config: ExperimentConfig, cell: Cell) -> dict[str, Any]:
+    """The options of the clean one-client run whose final prompt a cell starts from."""
+    assert config.warm_start is not None
+    ws, opt = config.warm_start, cell.options
+    keep = (
+        "dataset",
+        "model",
+        "num_virtual_tokens",
+        "max_length",
+        "template",
+        "verbalizer",
+        "batch_size",
+        "lr",
+    )
+    out = {k: opt[k] for k in keep if k in opt}
+    out |= {
+        "clients": 1,
+        "fraction": 1.0,
+        "rounds": 1,
+        "local_steps": ws.steps,
+        "train_limit": ws.train_limit,
+        "eval_limit": opt.get("eval_limit"),
+        "target_label": opt.get("target_label"),
+        "seed": ws.seed,
+        "parallel": 1,
+    }
+    return out
+
+
+def _key(options: dict[str, Any]) -> str:
+    text = json.dumps(options, sort_keys=True, default=str)
+    name = f"{options.get('dataset', 'data')}-{options.get('num_virtual_tokens', 20)}tok-{options['local_steps']}steps"
+    return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+
+
+Runner = Callable[[list[str], Path], int]
+
+
+def _run_process(args: list[str], log: Path) -> int:
+    """Run simulate with its output in a log file; returns the exit code."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as fh:
+        return subprocess.run(args, stdout=fh, stderr=subprocess.STDOUT, env=_env(), check=False).returncode
+
+
+def run_experiment(
+    config: ExperimentConfig,
+    out_root: Path,
+    *,
+    echo: Callable[[str], None] = print,
+    runner: Runner = _run_process,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
+    """Run every unfinished cell (at most `limit` of them); returns one status record per cell."""
+    known = simulate_options()
+    folder = out_root / config.name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(config.model_dump_json(indent=2))
+    statuses: list[dict[str, Any]] = []
+    started_cells = 0
+    cells = expand(config)
+    for n, cell in enumerate(cells, 1):
+        cell_dir = folder / cell.id
+        options = {k: v for k, v in cell.options.items() if k in known}
+        missing = unsupported(cell.options, known)
+        record: dict[str, Any] = {"cell": cell.id, "params": cell.params, "folder": str(cell_dir)}
+        if missing:
+            record["status"] = f"skipped: simulate has no option {sorted(missing)}"
+            echo(f"[{n}/{len(cells)}] {cell.id}: {record['status']}")
+            statuses.append(record)
+            continue
+        if is_complete(cell_dir, options):
+            record["status"] = "done"
+            statuses.append(record)
+            echo(f"[{n}/{len(cells)}] {cell.id}: done (skipped)")
+            continue
+        if limit is not None and started_cells >= limit:
+            record["status"] = "pending"
+            statuses.append(record)
+            continue
+        started_cells += 1
+        if config.warm_start is not None and "init_prompt" not in options:
+            options["init_prompt"] = str(_warm_start(config, cell, out_root, echo, runner))
+        args = [_fedprompt(), "simulate", *to_args({**options, "out": str(cell_dir)})]
+        echo(f"[{n}/{len(cells)}] {cell.id}: running")
+        t0 = time.monotonic()
+        code = runner(args, cell_dir / "simulate.log")
+        wall = time.monotonic() - t0
+        meta_path = cell_dir / "cell.json"
+        previous = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        meta = {
+            "cell": cell.id,
+            "params": cell.params,
+            "options": options,
+            "command": " ".join(["fedprompt", *args[1:]]),
+            "returncode": code,
+            "wall_seconds": previous.get("wall_seconds", 0.0) + wall,
+        }
+        cell_dir.mkdir(parents=True, exist_ok=True)
+        meta_path.write_text(json.dumps(meta, indent=2))
+        record["status"] = "done" if code == 0 and is_complete(cell_dir, options) else f"failed (exit {code})"
+        echo(f"[{n}/{len(cells)}] {cell.id}: {record['status']} in {wall:.0f}s")
+        statuses.append(record)
+    return statuses
+
+
+def _warm_start(
+    config: ExperimentConfig, cell: Cell, out_root: Path, echo: Callable[[str], None], runner: Runner
+) -> Path:
+    """The clean pre-trained prompt for a cell (trained once, then reused by every cell that shares it)."""
+    options = warm_start_options(config, cell)
+    key = _key(options)
+    folder = out_root / "warm" / key
+    prompt = out_root / "warm" / f"{key}.safetensors"
+    if prompt.exists():
+        return prompt.resolve()
+    echo(f"warm start {key}: one client, {options['local_steps']} steps")
+    args = [_fedprompt(), "simulate", *to_args({**options, "out": str(folder), "save_prompt": str(prompt)})]
+    code = runner(args, folder / "simulate.log")
+    if code != 0 or not prompt.exists():
+        raise RuntimeError(f"the warm-start run failed (exit {code}); see {folder / 'simulate.log'}")
+    return prompt.resolve()
