@@ -77,13 +77,13 @@ def test_grid_expands_to_the_product_plus_extra_cells_with_stable_ids(tmp_path: 
     config, _ = _config(tmp_path)
     cells = expand(config)
     assert [c.id for c in cells] == [
+        "malicious-0_aggregation-fedavg_seed-0",
         "malicious-1_aggregation-fedavg_seed-0",
         "malicious-1_aggregation-trimmed-mean-beta-0.2_seed-0",
         "malicious-2_aggregation-fedavg_seed-0",
         "malicious-2_aggregation-trimmed-mean-beta-0.2_seed-0",
-        "malicious-0_aggregation-fedavg_seed-0",
     ]
-    assert cells[1].options == {
+    assert cells[2].options == {
         "dataset": "sst2",
         "clients": 10,
         "rounds": 2,
@@ -117,9 +117,9 @@ def test_bad_config_names_the_field(tmp_path: Path) -> None:
 def test_run_resumes_by_skipping_finished_cells(tmp_path: Path) -> None:
     config, _ = _config(tmp_path)
     fake = FakeSimulate(fail={"malicious-2_aggregation-fedavg_seed-0"})
-    first = run_experiment(config, tmp_path / "runs", runner=fake, echo=lambda _: None, limit=3)
-    assert [s["status"] for s in first] == ["done", "done", "failed (exit 1)", "pending", "pending"]
-    assert "--aggregation" in fake.calls[1] and "trimmed_mean:beta=0.2" in fake.calls[1]
+    first = run_experiment(config, tmp_path / "runs", runner=fake, echo=lambda _: None, limit=4)
+    assert [s["status"] for s in first] == ["done", "done", "done", "failed (exit 1)", "pending"]
+    assert "--aggregation" in fake.calls[2] and "trimmed_mean:beta=0.2" in fake.calls[2]
     cell = json.loads((tmp_path / "runs/demo/malicious-1_aggregation-fedavg_seed-0/cell.json").read_text())
     assert cell["returncode"] == 0 and cell["command"].startswith("fedprompt simulate ")
 
@@ -130,7 +130,6 @@ def test_run_resumes_by_skipping_finished_cells(tmp_path: Path) -> None:
     assert ran == [
         "malicious-2_aggregation-fedavg_seed-0",
         "malicious-2_aggregation-trimmed-mean-beta-0.2_seed-0",
-        "malicious-0_aggregation-fedavg_seed-0",
     ]
 
 

@@ -122,13 +122,13 @@ def cell_id(params: dict[str, Any], seed: int) -> str:
 
 
 def expand(config: ExperimentConfig) -> list[Cell]:
-    """Every cell of the grid (cartesian product, in config order) plus the extra cells, per seed."""
+    """The extra (reference) cells, then every cell of the grid (cartesian product, in config order), per seed."""
     keys = list(config.grid)
     combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*config.grid.values())]
     extra = [{k: c.get(k, config.base.get(k)) for k in keys} | c for c in config.extra_cells]
     cells: list[Cell] = []
     seen: set[str] = set()
-    for params in [*combos, *extra]:
+    for params in [*extra, *combos]:  # reference cells first: a grid cut short still has them
         for seed in config.seeds:
             cid = cell_id(params, seed)
             if cid in seen:
