@@ -213,8 +213,9 @@ def peft_adapter_config(
         "inference_mode": True,
         "num_virtual_tokens": cfg.num_virtual_tokens,
         "token_dim": cfg.hidden_size,
-        # One set of virtual tokens, for the encoder input: how the engine trains seq2seq models too.
-        "num_transformer_submodules": 1,
+        # As the engine trains: virtual tokens on the encoder input only; seq2seq prefixes in the decoder's
+        # self- and cross-attention (PEFT's default for them).
+        "num_transformer_submodules": 2 if (family == "seq2seq" and cfg.method == "prefix_tuning") else 1,
         "num_attention_heads": num_attention_heads,
         "num_layers": cfg.num_layers,
         "modules_to_save": None,

@@ -49,7 +49,9 @@ def peft_config(cfg: MethodConfig, family: str, config: Any) -> Any:
         "token_dim": hidden,
         "num_layers": layers,
         "num_attention_heads": heads,
-        "num_transformer_submodules": 1,
+        # Virtual tokens go to the encoder input only; prefixes of a seq2seq model go to the decoder's self-
+        # and cross-attention (PEFT's default for seq2seq prefixes; the encoder takes no cache).
+        "num_transformer_submodules": 2 if (family == "seq2seq" and cfg.method == "prefix_tuning") else 1,
     }
     if cfg.method == "prompt_tuning":
         return PromptTuningConfig(**common)
