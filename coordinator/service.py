@@ -501,7 +501,7 @@ class Coordinator:
         losses = [
             (u.metrics.get("loss"), u.num_samples) for u in updates if u.metrics.get("loss") is not None
         ]
-        rnd.stats = {
+        stats: dict[str, Any] = {
             "participants": len(participants),
             "updates": len(updates),
             "num_samples": samples,
@@ -514,9 +514,10 @@ class Coordinator:
         }
         local_asr = {str(u.client_id): u.metrics["local_asr"] for u in updates if "local_asr" in u.metrics}
         if local_asr:  # what malicious clients report of their own prompt
-            rnd.stats["local_asr"] = local_asr
+            stats["local_asr"] = local_asr
         if spec.privacy is not None:
-            rnd.stats["privacy"] = _privacy_stats(s, fed.id, spec, [u.client_id for u in updates])
+            stats["privacy"] = _privacy_stats(s, fed.id, spec, [u.client_id for u in updates])
+        rnd.stats = stats  # assigned whole: a JSON column does not track in-place changes
         rnd.state, rnd.result_version, rnd.closed_at, rnd.closed_by = "closed", version, now, by
         fed.latest_version, fed.updated_at = version, now
         self._event(
