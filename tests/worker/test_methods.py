@@ -116,7 +116,7 @@ def tiny_model(kind: str, seed: int = 0) -> tuple[torch.nn.Module, Any]:
     cfg = T5Config(
         vocab_size=len(tok), d_model=32, d_kv=16, num_heads=2, d_ff=64, num_layers=2,
         decoder_start_token_id=tok.pad_token_id, pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id, initializer_factor=2.0,
+        eos_token_id=tok.eos_token_id,
     )  # fmt: skip
     return T5ForConditionalGeneration(cfg), tok
 
