@@ -23,6 +23,7 @@ class WarmStart(BaseModel):
     steps: int = Field(400, ge=1)
     train_limit: int | None = Field(4000, ge=1)
     seed: int = Field(1, ge=0, description="Another seed than the cells': another train subset.")
+    batch_size: int | None = Field(None, ge=1, description="Default: the cells' batch size.")
 
 
 class TableSpec(BaseModel):

@@ -99,6 +99,8 @@ def warm_start_options(config: ExperimentConfig, cell: Cell) -> dict[str, Any]:
         "seed": ws.seed,
         "parallel": 1,
     }
+    if ws.batch_size is not None:
+        out["batch_size"] = ws.batch_size
     return out
 
 
