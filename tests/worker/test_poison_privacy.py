@@ -241,3 +241,15 @@ def test_evaluation_summary_weights_asr_by_its_own_sample_count() -> None:
     assert out["accuracy"] == pytest.approx(0.65)
     assert out["asr"] == pytest.approx((0.1 * 50 + 0.5 * 10) / 60)
     assert out["asr_samples"] == 60
+
+
+def test_worker_options_build_the_backdoor_or_say_what_is_missing() -> None:
+    from worker.cli import _backdoor
+
+    assert _backdoor(None, 0.0, "cf", "random", "none", 2, 0) is None
+    door = _backdoor(1, 0.5, "cf,mn", "end", "boost:4", 2, 7)
+    assert door == Backdoor(1, Trigger(("cf", "mn"), "end"), 0.5, "boost", 4.0, 7)
+    with pytest.raises(AttackError, match="need --target-label"):
+        _backdoor(None, 0.5, "cf", "random", "none", 2, 0)
+    with pytest.raises(AttackError, match="not a label of this data set"):
+        _backdoor(2, 0.0, "cf", "random", "none", 2, 0)
