@@ -1,0 +1,36 @@
+"""Export of a federation's prompt in outside formats (a PEFT adapter folder, zipped)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query, Response
+
+from coordinator.api.deps import AdminDep, IdPath, ServiceDep
+from coordinator.api.problems import API_ERRORS
+
+router = APIRouter(prefix="/api/v1/federations", tags=["export"], responses=API_ERRORS)
+
+
+@router.get(
+    "/{fid}/export",
+    dependencies=[AdminDep],
+    response_class=Response,
+    responses={
+        200: {
+            "content": {"application/zip": {}},
+            "description": "adapter_config.json + adapter_model.safetensors",
+        }
+    },
+)
+def export_prompt(
+    fid: IdPath,
+    service: ServiceDep,
+    format: str = Query("peft", description="Export format: 'peft' (PeftModel.from_pretrained loads it)."),
+    version: str = Query("latest", max_length=12, description="Prompt version number or 'latest'."),
+) -> Response:
+    """A prompt version as a zipped PEFT adapter folder."""
+    filename, archive = service.export_prompt(fid, version, format)
+    return Response(
+        archive,
+        media_type="application/zip",
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+    )
