@@ -31,9 +31,8 @@ from tests.deploy.files import (
 from tests.deploy.kustomize import KustomizeError, build
 
 BIN = Path(sys.executable).parent
-# The oldest Kubernetes release still maintained when these manifests were written, and the newest
-# whose schemas kubernetes-validate ships.
-K8S_VERSIONS = ["1.32.0", kubernetes_validate.latest_version()]
+# An older Kubernetes release and the newest whose schemas kubernetes-validate ships.
+K8S_VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
 # Made by the operator (docs/deployment.md); everything else a manifest refers to must be rendered.
 OPERATOR_SECRETS = {"fedprompt-coordinator": {"fedprompt_database_url", "fedprompt_admin_token"}}
 OPERATOR_SECRETS["fedprompt-worker"] = {"enrollment-token"}
