@@ -13,6 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.staticfiles import StaticFiles
 
 from coordinator.api import problems
+from coordinator.api.body_limit import BodyLimitMiddleware
 from coordinator.api.routes import clients, dashboard, export, federations, health, rounds
 from coordinator.config import Settings
 from coordinator.dashboard import STATIC_DIR
@@ -25,6 +26,7 @@ from coordinator.metrics import (
     instrument_sessions,
     log_transition,
 )
+from coordinator.ratelimit import RateLimiter
 from coordinator.service import Coordinator
 
 log = logging.getLogger("fedprompt.coordinator")
@@ -73,11 +75,23 @@ def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
     app.state.settings = settings
     app.state.service = service
     app.state.metrics = metrics
+    app.state.rate_limiter = RateLimiter(
+        enrolment=settings.enrolment_rate_limit,
+        failed_auth=settings.failed_auth_rate_limit,
+        enabled=settings.rate_limits,
+    )
     problems.install(app)
     for module in (health, federations, clients, rounds, export, dashboard):
         app.include_router(module.router)
     app.mount("/dashboard/static", StaticFiles(directory=STATIC_DIR), name="dashboard-static")
-    # Outermost first: the request id and log context wrap everything, metrics see every response.
+    # Added innermost first: the request id and log context wrap everything, metrics see every
+    # response, and bodies over the limit are refused before any route reads them. No CORS
+    # middleware: browsers refuse cross-origin calls (the dashboard is served from the same origin).
+    app.add_middleware(
+        BodyLimitMiddleware,
+        request_limit=settings.max_request_bytes,
+        upload_limit=settings.max_upload_bytes,
+    )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(RequestContextMiddleware)
     return app

@@ -14,6 +14,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from coordinator.ratelimit import parse_limits
+
 # A folder of secret files, one per setting, named like the variable (fedprompt_admin_token,
 # fedprompt_database_url): Docker / Kubernetes secrets mounted as files. Variables win over files.
 SECRETS_DIR_ENV = "FEDPROMPT_SECRETS_DIR"
@@ -36,6 +38,21 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     max_upload_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Uploads larger are refused (413).")
+    max_request_bytes: int = Field(
+        1024 * 1024,
+        ge=1024,
+        description="Any other request body larger is refused (413) before it is read.",
+    )
+    rate_limits: bool = Field(
+        True, description="Per-IP limits on enrolment and failed authentications; false turns both off."
+    )
+    enrolment_rate_limit: str = Field(
+        "120/minute",
+        description="Enrolment attempts per client IP ('N/second|minute|hour', ';' for several).",
+    )
+    failed_auth_rate_limit: str = Field(
+        "60/minute", description="Failed authentications per client IP before it is answered 429."
+    )
     default_round_deadline_s: float = Field(600.0, gt=0)
     sweep_interval_s: float = Field(
         1.0, gt=0, description="How often deadlines and round starts are checked."
@@ -65,6 +82,12 @@ class Settings(BaseSettings):
     def _non_trivial(cls, v: SecretStr | None) -> SecretStr | None:
         if v is not None and len(v.get_secret_value()) < 16:
             raise ValueError("FEDPROMPT_ADMIN_TOKEN must be at least 16 characters")
+        return v
+
+    @field_validator("enrolment_rate_limit", "failed_auth_rate_limit")
+    @classmethod
+    def _rate_limit(cls, v: str) -> str:
+        parse_limits(v)
         return v
 
     @property

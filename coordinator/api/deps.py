@@ -1,4 +1,9 @@
-"""Dependencies shared by routes: the service, admin auth and client auth.
+"""Dependencies shared by routes: the service, and the one authorisation check (`authorize`).
+
+Every route that needs a token depends on exactly one of `require_admin`, `require_client`,
+`require_admin_or_client` or `require_enrolment`; each is a thin wrapper of `authorize` for its
+scope (tests/coordinator/test_security.py walks the routes to hold this). Failed authentications
+and enrolments are rate-limited per IP (coordinator/ratelimit.py).
 
 The admin authenticates with ``Authorization: Bearer <FEDPROMPT_ADMIN_TOKEN>`` (curl, the CLI) or
 with the dashboard's session cookie. The cookie is not the token: it is an expiry and an HMAC of
@@ -13,14 +18,19 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
-from typing import Annotated
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import StrEnum
+from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from coordinator.config import Settings
 from coordinator.db import MAX_ID, Client
 from coordinator.errors import Forbidden, Invalid, TooLarge, Unauthorized
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.ratelimit import RateLimiter
 from coordinator.service import Coordinator
 
 
@@ -98,44 +108,161 @@ def has_session(request: Request, settings: Settings) -> bool:
     return session_is_valid(request.cookies.get(SESSION_COOKIE), settings.admin_secret())
 
 
-def require_admin(request: Request, settings: SettingsDep) -> None:
-    """Admin routes: the bearer token must equal FEDPROMPT_ADMIN_TOKEN, or a dashboard session cookie."""
-    if "authorization" not in request.headers and SESSION_COOKIE in request.cookies:
-        if not has_session(request, settings):
-            raise Unauthorized(
-                "the dashboard session expired or is invalid; log in again at /dashboard/login"
-            )
+class WrongAdminToken(Forbidden):
+    """A token was sent to an admin route and it is not the admin token (counts as a failed login)."""
+
+
+def client_ip(request: Request) -> str:
+    """The address rate limits are keyed by (uvicorn resolves X-Forwarded-For from trusted proxies)."""
+    return request.client.host if request.client else "unknown"
+
+
+def get_rate_limiter(request: Request) -> RateLimiter:
+    """The per-IP rate limiter of this app."""
+    return request.app.state.rate_limiter
+
+
+@contextmanager
+def counting_failures(request: Request, *, count: bool = True) -> Iterator[None]:
+    """Refuse (429) an address over its failed-authentication limit; count this request's failure."""
+    limiter, ip = get_rate_limiter(request), client_ip(request)
+    limiter.check_failed_auth(ip)
+    try:
+        yield
+    except (Unauthorized, WrongAdminToken):
+        if count:
+            limiter.record_failed_auth(ip)
+        raise
+
+
+class Scope(StrEnum):
+    """Who may call a route: the single authorisation check of every non-public route."""
+
+    ADMIN = "admin"
+    CLIENT = "client"
+    ADMIN_OR_CLIENT = "admin-or-client"
+    ENROLMENT = "enrolment"
+
+
+def authorize(
+    request: Request,
+    scope: Scope,
+    settings: Settings,
+    service: Coordinator | None = None,
+    fid: int | None = None,
+) -> Client | None:
+    """Check the caller against a scope: None for the admin, the Client for a client token.
+
+    Admin: the bearer token equals FEDPROMPT_ADMIN_TOKEN (constant-time), or a dashboard session
+    cookie (then state-changing methods also need the CSRF header). Client: the token's sha256
+    names an active client of federation `fid`; a client only ever acts as that client.
+    """
+    request.state.auth_scope = scope
+    if scope is Scope.ADMIN and "authorization" not in request.headers and SESSION_COOKIE in request.cookies:
+        with counting_failures(request, count=False):  # a stale cookie is not a guess
+            if not has_session(request, settings):
+                raise Unauthorized(
+                    "the dashboard session expired or is invalid; log in again at /dashboard/login"
+                )
         if request.method not in SAFE_METHODS and request.headers.get(CSRF_HEADER) != CSRF_VALUE:
             raise Forbidden(
                 f"requests that change state with the session cookie need the header "
                 f"'X-Requested-With: {CSRF_VALUE}' (protection against cross-site requests)"
             )
-        return
-    if not is_admin_token(bearer(request), settings):
-        raise Forbidden("this endpoint needs the admin token (FEDPROMPT_ADMIN_TOKEN)")
-
-
-def require_client(fid: IdPath, token: TokenDep, service: ServiceDep, request: Request) -> Client:
-    """Client routes: the token must belong to an active client of this federation."""
-    client = service.authenticate_client(fid, token)
+        return None
+    with counting_failures(request):
+        token = bearer(request)
+        if scope is Scope.ADMIN:
+            if not is_admin_token(token, settings):
+                raise WrongAdminToken("this endpoint needs the admin token (FEDPROMPT_ADMIN_TOKEN)")
+            return None
+        if scope is Scope.ADMIN_OR_CLIENT and is_admin_token(token, settings):
+            return None
+        assert service is not None and fid is not None
+        client = service.authenticate_client(fid, token)
     request.state.client_id = client.id  # for the access log and per-client refusal counts
     return client
 
 
-AdminDep = Depends(require_admin)
-ClientDep = Annotated[Client, Depends(require_client)]
+# OpenAPI security schemes: they document which token each route takes (and give /docs its
+# "Authorize" button); the checking is `authorize`'s, which answers problem+json.
+admin_scheme = HTTPBearer(
+    scheme_name="admin",
+    description="FEDPROMPT_ADMIN_TOKEN (the dashboard's session cookie also works).",
+    auto_error=False,
+)
+client_scheme = HTTPBearer(
+    scheme_name="client", description="The client token returned by enrolment.", auto_error=False
+)
+enrolment_scheme = HTTPBearer(
+    scheme_name="enrolment",
+    description="An enrolment token issued by the operator (POST .../enrollment-tokens).",
+    auto_error=False,
+)
+Credentials = HTTPAuthorizationCredentials | None
+
+
+def require_admin(
+    request: Request, settings: SettingsDep, _: Annotated[Credentials, Depends(admin_scheme)]
+) -> None:
+    """Admin routes."""
+    authorize(request, Scope.ADMIN, settings)
+
+
+def require_client(
+    request: Request,
+    fid: IdPath,
+    service: ServiceDep,
+    settings: SettingsDep,
+    _: Annotated[Credentials, Depends(client_scheme)],
+) -> Client:
+    """Client routes: the token must belong to an active client of this federation."""
+    client = authorize(request, Scope.CLIENT, settings, service, fid)
+    assert client is not None
+    return client
 
 
 def require_admin_or_client(
-    fid: IdPath, token: TokenDep, service: ServiceDep, settings: SettingsDep
+    request: Request,
+    fid: IdPath,
+    service: ServiceDep,
+    settings: SettingsDep,
+    _a: Annotated[Credentials, Depends(admin_scheme)],
+    _c: Annotated[Credentials, Depends(client_scheme)],
 ) -> Client | None:
     """Routes both sides use: None for the admin, else the authenticated client."""
-    if is_admin_token(token, settings):
-        return None
-    return service.authenticate_client(fid, token)
+    return authorize(request, Scope.ADMIN_OR_CLIENT, settings, service, fid)
 
 
+def require_enrolment(
+    request: Request, fid: IdPath, _: Annotated[Credentials, Depends(enrolment_scheme)]
+) -> Iterator[str]:
+    """The enrolment route: rate-limited per IP; the token itself is checked by the enrolment.
+
+    A refused enrolment token (unknown, expired, used up) counts as a failed authentication.
+    """
+    del fid  # part of the route; the service checks the token against it
+    request.state.auth_scope = Scope.ENROLMENT
+    with counting_failures(request):
+        get_rate_limiter(request).hit_enrolment(client_ip(request))
+        yield bearer(request)
+
+
+AdminDep = Depends(require_admin)
+ClientDep = Annotated[Client, Depends(require_client)]
 EitherDep = Annotated[Client | None, Depends(require_admin_or_client)]
+EnrolmentDep = Annotated[str, Depends(require_enrolment)]
+AUTH_DEPENDENCIES = (require_admin, require_client, require_admin_or_client, require_enrolment)
+
+
+# The OpenAPI of routes that read a raw safetensors body themselves (read_limited_body).
+SAFETENSORS_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "A safetensors file: the prompt tensors, metadata in its header.",
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
 
 
 async def read_limited_body(request: Request, limit: int) -> bytes:

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coordinator.errors import ServiceError
@@ -14,7 +15,71 @@ from coordinator.errors import ServiceError
 PROBLEM = "application/problem+json"
 
 
-def problem(status: int, title: str, detail: str, request: Request, **extra: Any) -> JSONResponse:
+class Problem(BaseModel):
+    """An RFC 9457 problem; some carry extension members (``errors`` of a 422, ``retry_after``)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str = Field(..., examples=["about:blank"])
+    title: str
+    status: int = Field(..., ge=400, le=599)
+    detail: str = Field(..., description="What went wrong and what to do about it.")
+    instance: str = Field(..., description="The request's path.")
+
+
+DESCRIPTIONS = {
+    400: "the request body could not be parsed (e.g. it is not UTF-8)",
+    401: "no token, or an unknown or expired one",
+    403: "the token does not allow this",
+    404: "no such federation, round, client or version",
+    409: "conflicts with the federation's current state",
+    410: "the round is closed",
+    413: "the request body is over the limit",
+    422: "the request is not valid",
+    429: "too many enrolments or failed authentications from this address; see Retry-After",
+}
+
+
+def problem_responses(*codes: int, **descriptions: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries for error codes: a problem+json body (see `document`).
+
+    ``descriptions`` overrides the generic text per code (keyword ``e409="…"``)."""
+    return {
+        code: {"model": Problem, "description": descriptions.get(f"e{code}", DESCRIPTIONS[code])}
+        for code in codes
+    }
+
+
+# What every route under /api/v1 may answer; routes add 409 / 410 where they can conflict.
+API_ERRORS = problem_responses(400, 401, 403, 404, 413, 422, 429)
+
+
+def document(app: FastAPI) -> None:
+    """Make the OpenAPI say what the API sends: every 4xx/5xx body is application/problem+json."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            for operation in (op for ops in schema.get("paths", {}).values() for op in ops.values()):
+                for response in operation.get("responses", {}).values():
+                    content = response.get("content", {})
+                    schema_ref = content.get("application/json", {}).get("schema", {}).get("$ref", "")
+                    if schema_ref.endswith("/Problem"):
+                        content[PROBLEM] = content.pop("application/json")
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def problem(
+    status: int,
+    title: str,
+    detail: str,
+    request: Request,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
     """A problem+json response."""
     body = {
         "type": "about:blank",
@@ -24,16 +89,20 @@ def problem(status: int, title: str, detail: str, request: Request, **extra: Any
         "instance": request.url.path,
     }
     body.update(extra)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    headers = dict(headers or {})
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
 
 
 def install(app: FastAPI) -> None:
     """Map service errors, validation errors and HTTP errors to problem+json."""
+    document(app)
 
     @app.exception_handler(ServiceError)
     async def _service(request: Request, exc: ServiceError) -> JSONResponse:
-        return problem(exc.status, exc.title, exc.detail, request, **exc.extra)
+        headers = getattr(exc, "headers", None)  # e.g. Retry-After of a 429
+        return problem(exc.status, exc.title, exc.detail, request, headers, **exc.extra)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -43,8 +112,20 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        titles = {404: "Not found", 405: "Method not allowed", 401: "Unauthorized", 403: "Forbidden"}
+        titles = {
+            400: "Bad request",
+            401: "Unauthorized",
+            403: "Forbidden",
+            404: "Not found",
+            405: "Method not allowed",
+            413: "Payload too large",
+            429: "Too many requests",
+        }
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404 and detail == "Not Found":
             detail = f"no such endpoint: {request.method} {request.url.path}; see /docs"
+        if exc.status_code == 400 and detail == "There was an error parsing the body":  # FastAPI's words
+            detail = (
+                "the request body could not be parsed: send UTF-8 JSON with Content-Type: application/json"
+            )
         return problem(exc.status_code, titles.get(exc.status_code, "Error"), detail, request)

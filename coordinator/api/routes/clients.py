@@ -7,10 +7,11 @@ from typing import Any
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from coordinator.api.deps import AdminDep, IdPath, ServiceDep, TokenDep
+from coordinator.api.deps import AdminDep, EnrolmentDep, IdPath, ServiceDep
+from coordinator.api.problems import API_ERRORS, problem_responses
 from coordinator.db import MAX_ID
 
-router = APIRouter(prefix="/api/v1/federations/{fid}", tags=["clients"])
+router = APIRouter(prefix="/api/v1/federations/{fid}", tags=["clients"], responses=API_ERRORS)
 
 
 class TokenRequest(BaseModel):
@@ -40,8 +41,10 @@ def create_token(fid: IdPath, service: ServiceDep, body: TokenRequest | None = N
     return {"token": token, "id": row.id, "expires_at": row.expires_at, "max_uses": row.max_uses}
 
 
-@router.post("/clients", status_code=201)
-def enroll(fid: IdPath, body: EnrollRequest, token: TokenDep, service: ServiceDep) -> dict[str, Any]:
+@router.post(
+    "/clients", status_code=201, responses=problem_responses(409, e409="the model's fingerprint differs")
+)
+def enroll(fid: IdPath, body: EnrollRequest, token: EnrolmentDep, service: ServiceDep) -> dict[str, Any]:
     """Enrol with an enrolment token (Bearer); returns a client id and a client token, shown once."""
     client, client_token = service.enroll(
         fid, token, name=body.name, num_samples=body.num_samples, info=body.info

@@ -17,6 +17,8 @@ from coordinator.api.deps import (
     MetricsDep,
     ServiceDep,
     SettingsDep,
+    client_ip,
+    get_rate_limiter,
     has_session,
     is_admin_token,
     new_session,
@@ -24,6 +26,7 @@ from coordinator.api.deps import (
 )
 from coordinator.dashboard import make_templates, page_data
 from coordinator.errors import TooLarge
+from coordinator.ratelimit import RateLimited
 
 router = APIRouter(prefix="/dashboard", tags=["dashboard"], include_in_schema=False)
 templates = make_templates()
@@ -89,9 +92,18 @@ async def login(request: Request, settings: SettingsDep) -> Response:
         body = await read_limited_body(request, LOGIN_BODY_LIMIT)
     except TooLarge:
         return _render(request, "login.html", {"error": "The request was too large."}, status=413)
+    limiter, ip = get_rate_limiter(request), client_ip(request)
+    try:
+        limiter.check_failed_auth(ip)
+    except RateLimited as exc:
+        error = f"Too many failed logins from this address; try again in {exc.retry_after} s."
+        page = _render(request, "login.html", {"error": error}, status=429)
+        page.headers.update(exc.headers)
+        return page
     token = (parse_qs(body.decode("utf-8", "replace")).get("token") or [""])[0].strip()
     ok = await run_in_threadpool(is_admin_token, token, settings)
     if not ok:
+        limiter.record_failed_auth(ip)
         error = "That is not the admin token (FEDPROMPT_ADMIN_TOKEN) of this coordinator."
         return _render(request, "login.html", {"error": error}, status=401)
     response = RedirectResponse("/dashboard", status_code=303)

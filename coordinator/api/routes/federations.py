@@ -7,13 +7,22 @@ from typing import Any
 from fastapi import APIRouter, Body, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from coordinator.api.deps import AdminDep, EitherDep, IdPath, ServiceDep, SettingsDep, read_limited_body
+from coordinator.api.deps import (
+    SAFETENSORS_BODY,
+    AdminDep,
+    EitherDep,
+    IdPath,
+    ServiceDep,
+    SettingsDep,
+    read_limited_body,
+)
+from coordinator.api.problems import API_ERRORS, problem_responses
 from coordinator.db import MAX_ID
 from coordinator.errors import Invalid
 from coordinator.service import validate_spec
 from shared.spec import FederationSpec
 
-router = APIRouter(prefix="/api/v1/federations", tags=["federations"])
+router = APIRouter(prefix="/api/v1/federations", tags=["federations"], responses=API_ERRORS)
 
 
 @router.post("", status_code=201, dependencies=[AdminDep])
@@ -50,13 +59,13 @@ def federation_status(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
     return service.federation_status(fid)
 
 
-@router.post("/{fid}/pause", dependencies=[AdminDep])
+@router.post("/{fid}/pause", dependencies=[AdminDep], responses=problem_responses(409))
 def pause(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
     """Stop opening rounds automatically (the open round still finishes)."""
     return service.set_paused(fid, True)
 
 
-@router.post("/{fid}/resume", dependencies=[AdminDep])
+@router.post("/{fid}/resume", dependencies=[AdminDep], responses=problem_responses(409))
 def resume(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
     """Open rounds automatically again."""
     return service.set_paused(fid, False)
@@ -80,7 +89,10 @@ def get_spec(fid: IdPath, service: ServiceDep, who: EitherDep) -> dict[str, Any]
 @router.get(
     "/{fid}/prompts/{version}",
     response_class=Response,
-    responses={200: {"content": {"application/octet-stream": {}}, "description": "safetensors bytes"}},
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "safetensors bytes"},
+        304: {"description": "the version named by If-None-Match is current (no body)"},
+    },
 )
 def get_prompt(fid: IdPath, version: str, service: ServiceDep, who: EitherDep, request: Request) -> Response:
     """A global prompt version ('latest' or a number) as safetensors; ETag is its sha256."""
@@ -92,7 +104,13 @@ def get_prompt(fid: IdPath, version: str, service: ServiceDep, who: EitherDep, r
     return Response(pv.blob, media_type="application/octet-stream", headers=headers)
 
 
-@router.put("/{fid}/prompts/0", dependencies=[AdminDep], status_code=200)
+@router.put(
+    "/{fid}/prompts/0",
+    dependencies=[AdminDep],
+    status_code=200,
+    responses=problem_responses(409, e409="round 1 has already opened"),
+    openapi_extra=SAFETENSORS_BODY,
+)
 async def set_initial_prompt(
     fid: IdPath, request: Request, service: ServiceDep, settings: SettingsDep
 ) -> JSONResponse:

@@ -11,19 +11,37 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from coordinator.api.deps import AdminDep, ClientDep, IdPath, ServiceDep, SettingsDep, read_limited_body
+from coordinator.api.deps import (
+    SAFETENSORS_BODY,
+    AdminDep,
+    ClientDep,
+    IdPath,
+    ServiceDep,
+    SettingsDep,
+    read_limited_body,
+)
+from coordinator.api.problems import API_ERRORS, problem_responses
 from coordinator.db import MAX_ID
 
-router = APIRouter(prefix="/api/v1/federations/{fid}", tags=["rounds"])
+router = APIRouter(prefix="/api/v1/federations/{fid}", tags=["rounds"], responses=API_ERRORS)
 
 
-@router.post("/rounds", status_code=201, dependencies=[AdminDep])
+@router.post(
+    "/rounds",
+    status_code=201,
+    dependencies=[AdminDep],
+    responses=problem_responses(409, e409="a round is open, all rounds are done, or too few clients"),
+)
 def open_round(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
     """Open the next round now (selects max(ceil(C*K), min_clients) clients)."""
     return service.open_round(fid)
 
 
-@router.post("/rounds/{number}/close", dependencies=[AdminDep])
+@router.post(
+    "/rounds/{number}/close",
+    dependencies=[AdminDep],
+    responses=problem_responses(409, e409="the round is not open, or it is below its quorum"),
+)
 def close_round(fid: IdPath, number: IdPath, service: ServiceDep) -> dict[str, Any]:
     """Aggregate the open round now with the updates that arrived (needs the quorum)."""
     return service.close_round(fid, number)
@@ -72,13 +90,21 @@ async def task(
     responses={
         200: {"description": "identical re-upload"},
         201: {"description": "accepted and committed"},
-        403: {"description": "not selected"},
-        409: {"description": "a different update was already accepted"},
-        410: {"description": "round closed"},
-        413: {"description": "too large"},
-        422: {"description": "not a valid prompt for this federation"},
+        **problem_responses(
+            403,
+            409,
+            410,
+            413,
+            422,
+            e403="not selected for this round (or the token does not allow this)",
+            e409="a different update was already accepted",
+            e410="round closed",
+            e413="over FEDPROMPT_MAX_UPLOAD_BYTES",
+            e422="not a valid prompt for this federation",
+        ),
     },
     status_code=201,
+    openapi_extra=SAFETENSORS_BODY,
 )
 async def upload(
     fid: IdPath,

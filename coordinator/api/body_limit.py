@@ -1,0 +1,70 @@
+"""Request size limits applied before the body is read (pure ASGI middleware).
+
+A declared ``Content-Length`` over the limit is answered 413 at once, without reading a byte of
+the body; a body sent without one (chunked) is counted as it streams in and refused (413) as soon
+as it passes the limit. Uploads of prompts (``PUT …/rounds/{n}/update``, ``PUT …/prompts/0``) may
+be up to FEDPROMPT_MAX_UPLOAD_BYTES; every other body up to FEDPROMPT_MAX_REQUEST_BYTES.
+"""
+
+from __future__ import annotations
+
+import re
+
+from fastapi import HTTPException
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from coordinator.api.problems import problem
+
+UPLOAD_PATH = re.compile(r"^/api/v1/federations/[^/]+/(?:rounds/[^/]+/update|prompts/0)/?$")
+
+
+def _too_large(size: int | None, limit: int, upload: bool) -> str:
+    knob = "FEDPROMPT_MAX_UPLOAD_BYTES" if upload else "FEDPROMPT_MAX_REQUEST_BYTES"
+    what = f"body of {size} bytes" if size is not None else "body"
+    return f"{what} exceeds this coordinator's limit of {limit} bytes ({knob})"
+
+
+class BodyLimitMiddleware:
+    """Refuse request bodies over the limit of their route (413 problem+json)."""
+
+    def __init__(self, app: ASGIApp, *, request_limit: int, upload_limit: int) -> None:
+        self.app = app
+        self.request_limit = request_limit
+        self.upload_limit = upload_limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        upload = scope["method"] == "PUT" and bool(UPLOAD_PATH.match(scope["path"]))
+        limit = self.upload_limit if upload else self.request_limit
+        declared = _content_length(scope)
+        if declared is not None and declared > limit:
+            response = problem(413, "Payload too large", _too_large(declared, limit, upload), Request(scope))
+            response.headers["Connection"] = "close"  # the unread body makes the connection unusable
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    # Raised inside the route's body read: the app's handler answers 413 problem+json.
+                    raise HTTPException(413, _too_large(None, limit, upload))
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None  # the server rejects a malformed header itself
+    return None
