@@ -465,6 +465,60 @@ def prompt_get(
     )
 
 
+@app.command("export")
+def export_prompt(
+    federation: FedOpt,
+    out: Annotated[Path, typer.Option("--out", help="Folder to write the adapter into.")],
+    version: Annotated[str, typer.Option("--version", help="Version number or 'latest'.")] = "latest",
+    fmt: Annotated[str, typer.Option("--format", help="Export format: peft.")] = "peft",
+    url: UrlOpt = DEFAULT_URL,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write a global prompt as a PEFT adapter folder (PeftModel.from_pretrained(base, OUT) loads it)."""
+    from shared.export import ExportError, unpack
+
+    with _client(url, token) as c:
+        archive = _run(c.export, federation, version, fmt)
+    try:
+        files = unpack(archive, out)
+    except (ExportError, ValueError) as exc:
+        err.print(f"[red]error:[/] the export is not a valid archive: {exc}")
+        raise typer.Exit(1) from None
+    info = {"format": fmt, "out": str(out), "files": sorted(p.name for p in files)}
+    _emit(
+        info,
+        as_json,
+        lambda d: console.print(f"{d['format']} adapter → {d['out']} ({', '.join(d['files'])})"),
+    )
+
+
+@app.command("comm-table")
+def comm_table_command(
+    tokens: Annotated[int, typer.Option("--tokens", min=1, help="Virtual tokens per prompt.")] = 20,
+    model: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--model", help="Vendored name, model folder or config.json (repeatable; default: the four)."
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Parameters communicated per round per method vs. full fine-tuning, counted from configs (no weights)."""
+    try:
+        from worker.engine.params import TABLE_MODELS, comm_table, markdown
+    except ImportError:
+        err.print(
+            "[red]error:[/] comm-table needs the worker extra (torch, transformers): pip install 'fedprompt[worker]'"
+        )
+        raise typer.Exit(2) from None
+    rows = comm_table(tuple(model) if model else TABLE_MODELS, tokens)
+    if as_json:
+        _emit([r.to_dict() for r in rows], True)
+    else:
+        sys.stdout.write(markdown(rows) + "\n")
+
+
 def _register_simulate() -> None:
     import importlib.util
 

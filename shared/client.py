@@ -163,6 +163,11 @@ class CoordinatorClient:
         resp = self._call("GET", f"{API}/federations/{fid}/prompts/{version}")
         return Prompt(int(resp.headers["X-Prompt-Version"]), resp.headers["X-Prompt-Sha256"], resp.content)
 
+    def export(self, fid: int, version: int | str = "latest", fmt: str = "peft") -> bytes:
+        """A prompt version in an outside format (peft: a zipped adapter folder)."""
+        params = {"format": fmt, "version": str(version)}
+        return self._call("GET", f"{API}/federations/{fid}/export", params=params).content
+
     def upload(self, fid: int, number: int, blob: bytes) -> tuple[int, dict[str, Any]]:
         """Upload an update → (status, body); 200 means an identical earlier upload."""
         resp = self._call(
