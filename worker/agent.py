@@ -223,15 +223,24 @@ class Agent:
     def _check_model(self) -> None:
         spec, engine = self.spec, self.engine
         assert spec is not None
+        if spec.model_fingerprint and engine.fingerprint != spec.model_fingerprint:
+            differs = model_differences(spec.model_info, getattr(engine, "description", None))
+            raise FatalWorkerError(
+                f"the local model's fingerprint {engine.fingerprint} differs from the federation's "
+                f"{spec.model_fingerprint}"
+                + (f" ({differs})" if differs else "")
+                + f"; load exactly '{spec.model}'"
+            )
         if engine.tensor_shapes() != spec.tensor_shapes():
             raise FatalWorkerError(
                 f"the local model '{spec.model}' gives prompt shapes {engine.tensor_shapes()}, the federation "
                 f"expects {spec.tensor_shapes()} (hidden_size={spec.hidden_size}); load the federation's model"
             )
-        if spec.model_fingerprint and engine.fingerprint != spec.model_fingerprint:
+        family = getattr(engine, "family", spec.family)
+        if family != spec.family:
             raise FatalWorkerError(
-                f"the local model's fingerprint {engine.fingerprint} differs from the federation's "
-                f"{spec.model_fingerprint}; load exactly '{spec.model}'"
+                f"the local model is a {family} model, the federation reads label words as a {spec.family}; "
+                f"load '{spec.model}'"
             )
 
     # -- tasks --------------------------------------------------------------------------------
@@ -392,6 +401,22 @@ def _round_seed(seed: int, number: int, client_id: int) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
+def model_differences(expected: dict[str, Any] | None, local: dict[str, Any] | None) -> str:
+    """What differs between the federation's model description and the local one (field: federation, local)."""
+    if not expected or not local:
+        return ""
+    parts = []
+    for key in sorted(set(expected) | set(local)):
+        want, have = expected.get(key), local.get(key)
+        if key == "files" and isinstance(want, dict) and isinstance(have, dict):
+            changed = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+            if changed:
+                parts.append("files " + ", ".join(changed))
+        elif want != have:
+            parts.append(f"{key}: federation {want}, local {have}")
+    return "; ".join(parts)
+
+
 def _load_engine(spec: FederationSpec, device: str) -> Any:
     """The real engine for a federation spec."""
     from worker.engine import PromptEngine
@@ -404,4 +429,9 @@ def _load_engine(spec: FederationSpec, device: str) -> Any:
         max_length=spec.max_length,
         seed=spec.seed,
         device=device,
+        method=spec.method,
+        encoder_type=spec.encoder_type,
+        encoder_hidden_size=spec.encoder_hidden_size,
+        encoder_num_layers=spec.encoder_num_layers,
+        prefix_projection=spec.prefix_projection,
     )
