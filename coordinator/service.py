@@ -996,6 +996,16 @@ def summarize_evaluations(version: int, rows: list[Evaluation] | Any) -> dict[st
     return out
 
 
+def _finite_number(value: Any) -> bool:
+    """A JSON number that is a finite float (not a bool, not an int beyond float's range)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _parse_update_metadata(meta: dict[str, str], spec: FederationSpec) -> tuple[int, dict[str, Any]]:
     """num_samples and metrics from an update's safetensors metadata, checked."""
     if meta.get("format") != wire.FORMAT:
@@ -1020,11 +1030,9 @@ def _parse_update_metadata(meta: dict[str, str], spec: FederationSpec) -> tuple[
     if "metrics" in meta:
         try:
             metrics = json.loads(meta["metrics"])
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: nested too deep
             raise Invalid("metadata 'metrics' must be a JSON object") from None
-        if not isinstance(metrics, dict) or not all(
-            isinstance(v, int | float) and math.isfinite(v) for v in metrics.values()
-        ):
+        if not isinstance(metrics, dict) or not all(_finite_number(v) for v in metrics.values()):
             raise Invalid("metadata 'metrics' must be a JSON object of finite numbers")
     return num_samples, metrics
 
