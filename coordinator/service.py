@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, defer, sessionmaker
 
 from coordinator.db import (
     MAX_ID,
@@ -38,11 +39,20 @@ from coordinator.db import (
     Update,
 )
 from coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound, Unauthorized
-from coordinator.logic.aggregation import AggregationError, aggregate, check_params
+from coordinator.logic.aggregation import (
+    AggregationError,
+    AggregationResult,
+    aggregate,
+    check_params,
+    fedavg_stream,
+)
 from coordinator.logic.ledger import ledger
 from coordinator.logic.selection import select_clients
 from shared import export, wire
 from shared.spec import FederationSpec, initial_prompt
+
+# A poll within this many seconds of the client's last recorded one does not write last_seen_at again.
+HEARTBEAT_MIN_INTERVAL_S = 5.0
 
 
 def hash_token(token: str) -> str:
@@ -74,6 +84,8 @@ class Coordinator:
     def __init__(self, sessions: sessionmaker, *, clock: Callable[[], float] = time.time) -> None:
         self.sessions = sessions
         self.clock = clock
+        self._stamps: dict[int, tuple[float, tuple[Any, ...]]] = {}  # fid -> (monotonic read time, stamp)
+        self._stamps_lock = threading.Lock()
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -332,6 +344,8 @@ class Coordinator:
 
     def heartbeat(self, client: Client) -> None:
         """Record that a client is alive (its task poll); unseen clients are not selected."""
+        if 0 <= self.clock() - client.last_seen_at < HEARTBEAT_MIN_INTERVAL_S:
+            return  # seen moments ago: spare the write transaction (availability is judged in minutes)
         with self._tx() as s:
             row = s.get(Client, client.id)
             if row is not None:
@@ -490,20 +504,28 @@ class Coordinator:
         """Aggregate a round into the next prompt version and open the next round (lock held)."""
         rnd.state = "aggregating"
         spec = self.spec_of(fed)
-        updates = s.scalars(select(Update).where(Update.round_id == rnd.id).order_by(Update.client_id)).all()
-        decoded = [(wire.decode(u.blob)[0], float(u.num_samples)) for u in updates]
+        updates = s.scalars(
+            select(Update)
+            .options(defer(Update.blob))
+            .where(Update.round_id == rnd.id)
+            .order_by(Update.client_id)
+        ).all()
         base = s.scalars(
             select(PromptVersion).where(
                 PromptVersion.federation_id == fed.id, PromptVersion.version == rnd.base_version
             )
         ).one()
         try:
-            result = aggregate(
-                spec.aggregation.name,
-                decoded,
-                params=spec.aggregation.params,
-                global_tensors=wire.decode(base.blob)[0],
-            )
+            if spec.aggregation.name == "fedavg":  # streams: one decoded update in memory at a time
+                total = float(sum(u.num_samples for u in updates))
+                result = AggregationResult(fedavg_stream(_decoded_updates(s, rnd, canonical=True), total))
+            else:
+                result = aggregate(
+                    spec.aggregation.name,
+                    list(_decoded_updates(s, rnd, canonical=False)),
+                    params=spec.aggregation.params,
+                    global_tensors=wire.decode(base.blob)[0],
+                )
         except AggregationError as exc:
             raise Conflict(f"aggregation failed: {exc}") from None
         version = rnd.number
@@ -711,7 +733,8 @@ class Coordinator:
 
     def get_prompt(self, fid: int, version: str | int, *, client: Client | None = None) -> PromptVersion:
         """A prompt version's blob ('latest' or a number); counts a participant's download."""
-        with self._tx() as s:
+        record: int | None = None
+        with self.sessions() as s:  # a read; the download is recorded below only when it changes
             fed = self._federation(s, fid)
             if version == "latest":
                 number = fed.latest_version
@@ -739,9 +762,39 @@ class Coordinator:
                             Participant.round_id == rnd.id, Participant.client_id == client.id
                         )
                     ).first()
-                    if part is not None:
-                        part.downloaded_bytes = len(pv.blob)
+                    if part is not None and part.downloaded_bytes != len(pv.blob):
+                        record = part.id
+        if record is not None:
+            with self._tx() as s:
+                s.execute(
+                    update(Participant).where(Participant.id == record).values(downloaded_bytes=len(pv.blob))
+                )
         return pv
+
+    def cached_stamp(self, fid: int, max_age: float) -> tuple[Any, ...] | None:
+        """The federation's change stamp as this process last read it, if younger than max_age (no I/O)."""
+        hit = self._stamps.get(fid)
+        return hit[1] if hit is not None and time.monotonic() - hit[0] < max_age else None
+
+    def federation_stamp(self, fid: int, max_age: float) -> tuple[Any, ...]:
+        """What every client's next task depends on besides its own requests (state, round, version,
+        last change), read from the database at most once per max_age by this process: all the
+        long-polls waiting on a federation share one query instead of each re-running next_task."""
+        with self._stamps_lock:
+            stamp = self.cached_stamp(fid, max_age)
+            if stamp is None:
+                with self.sessions() as s:
+                    row = s.execute(
+                        select(
+                            Federation.state,
+                            Federation.current_round,
+                            Federation.latest_version,
+                            Federation.updated_at,
+                        ).where(Federation.id == fid)
+                    ).first()
+                stamp = tuple(row) if row is not None else ()
+                self._stamps[fid] = (time.monotonic(), stamp)
+        return stamp
 
     def next_task(self, fid: int, client: Client) -> dict[str, Any] | None:
         """What this client should do now: evaluate the latest prompt, train for a round, or nothing."""
@@ -917,6 +970,21 @@ class Coordinator:
             except IntegrityError:
                 return False
         return True
+
+
+def _decoded_updates(s: Session, rnd: Round, *, canonical: bool) -> Iterator[tuple[dict[str, Any], float]]:
+    """A round's updates decoded one at a time: in content order (canonical) or by client id."""
+    order = (Update.num_samples, Update.sha256) if canonical else (Update.client_id,)
+    rows = s.execute(
+        select(Update.id, Update.num_samples).where(Update.round_id == rnd.id).order_by(*order)
+    ).all()
+    for start in range(0, len(rows), 64):  # blobs 64 at a time, never the whole round
+        chunk = rows[start : start + 64]
+        blobs = dict(
+            s.execute(select(Update.id, Update.blob).where(Update.id.in_([r[0] for r in chunk]))).all()
+        )
+        for uid, num_samples in chunk:
+            yield wire.decode(blobs.pop(uid))[0], float(num_samples)
 
 
 def _count_per_client(s: Session, table: type[Participant] | type[Update], fid: int) -> dict[int, int]:

@@ -61,9 +61,13 @@ def trimmed_mean(
 
 def _krum_scores(x: np.ndarray, f: int) -> np.ndarray:
     n = len(x)
-    d2 = ((x[:, None, :] - x[None, :, :]) ** 2).sum(axis=2)
+    # Squared distances from the Gram matrix: K x K floats, never the K x K x d differences.
+    x = x - x.mean(axis=0)  # centred, so the subtraction below loses little precision
+    sq = np.einsum("ij,ij->i", x, x)
+    d2 = np.maximum(sq[:, None] + sq[None, :] - 2.0 * (x @ x.T), 0.0)
+    np.fill_diagonal(d2, np.inf)
     closest = n - f - 2
-    return np.array([np.sort(np.delete(d2[i], i))[:closest].sum() for i in range(n)])
+    return np.partition(d2, closest - 1, axis=1)[:, :closest].sum(axis=1)
 
 
 def _krum(updates: Weighted, f: int, m: int, label: str) -> AggregationResult:

@@ -76,13 +76,19 @@ async def task(
     """The client's next task (evaluate / train / done), long-polling up to `wait` seconds."""
     deadline = time.monotonic() + min(wait, settings.long_poll_max_s)
     await run_in_threadpool(service.heartbeat, client)
+    interval, seen = settings.long_poll_interval_s, None
     while True:
-        found = await run_in_threadpool(service.next_task, fid, client)
-        if found is not None:
-            return JSONResponse(found)
+        stamp = service.cached_stamp(fid, interval)
+        if stamp is None:
+            stamp = await run_in_threadpool(service.federation_stamp, fid, interval)
+        if stamp != seen:  # only a change of the federation can bring this client a new task
+            found = await run_in_threadpool(service.next_task, fid, client)
+            if found is not None:
+                return JSONResponse(found)
+            seen = stamp
         if time.monotonic() >= deadline:
             return Response(status_code=204, headers={"Retry-After": "1"})
-        await asyncio.sleep(settings.long_poll_interval_s)
+        await asyncio.sleep(interval)
 
 
 @router.put(
