@@ -28,6 +28,7 @@ from rich.table import Table
 
 from shared.client import CoordinatorClient
 from shared.local import free_port, wait_ready
+from shared.methods import METHODS
 from shared.spec import DEFAULT_MODEL, FederationSpec
 
 console = Console()
@@ -186,8 +187,9 @@ def build_spec(
     fingerprint: str | None,
     aggregation: dict[str, Any] | None = None,
     privacy: dict[str, Any] | None = None,
+    method: dict[str, Any] | None = None,
 ) -> FederationSpec:
-    """The federation spec for a simulation."""
+    """The federation spec for a simulation (`method`: method, encoder and model-shape fields)."""
     from worker.data import preset_for
 
     preset = preset_for(dataset_name, task)
@@ -213,11 +215,26 @@ def build_spec(
         seed=seed,
         aggregation=aggregation or {"name": "fedavg", "params": {}},
         privacy=privacy,
+        **(method or {}),
     )
 
 
-def round_records(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def ledger_fields(spec: dict[str, Any] | None) -> dict[str, Any]:
+    """params_communicated (per client and direction), params_full_model and comm_ratio of a spec."""
+    if spec is None:
+        return {}
+    parsed = FederationSpec.model_validate(spec)
+    sent, full = parsed.params_communicated(), parsed.params_full_model
+    return {
+        "params_communicated": sent,
+        "params_full_model": full,
+        "comm_ratio": sent / full if full else None,
+    }
+
+
+def round_records(rounds: list[dict[str, Any]], spec: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """One record per closed round, in the shape results.json promises."""
+    ledger = ledger_fields(spec)
     out = []
     for r in rounds:
         if r["state"] != "closed":
@@ -243,6 +260,9 @@ def round_records(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "epsilon": (stats.get("privacy") or {}).get("epsilon"),
                 "epsilon_cumulative": (stats.get("privacy") or {}).get("max_cumulative_epsilon"),
                 "notes": stats.get("notes") or {},
+                **ledger,
+                "params_up": ledger.get("params_communicated", 0) * stats.get("updates", 0),
+                "params_down": ledger.get("params_communicated", 0) * stats.get("participants", 0),
             }
         )
     return out
@@ -347,6 +367,7 @@ def _row_table(record: dict[str, Any], header: bool) -> Table:
         ("ASR %", 6),
         ("local ASR %", 11),
         ("ε total", 8),
+        ("params/client (of model)", 24),
     ]:
         table.add_column(col, width=width, justify="right")
     eps = record.get("epsilon_cumulative")
@@ -361,12 +382,23 @@ def _row_table(record: dict[str, Any], header: bool) -> Table:
         _fmt(record.get("asr"), pct=True),
         _fmt(record.get("local_asr"), pct=True),
         f"{eps:g}" if eps is not None else "-",
+        _params_text(record),
     )
     return table
 
 
-def _model_facts(model: str, seed: int, spec_kwargs: dict[str, Any]) -> tuple[int, str, bytes | None]:
-    """(hidden size, fingerprint, vocabulary-initialised prompt) from the local model."""
+def _params_text(record: dict[str, Any]) -> str:
+    """Parameters each client sent this round, and their share of the whole model."""
+    sent, ratio = record.get("params_communicated"), record.get("comm_ratio")
+    if not sent:
+        return "-"
+    return f"{sent:,}" + (f" ({100 * ratio:.4f} %)" if ratio is not None else "")
+
+
+def _model_facts(
+    model: str, seed: int, spec_kwargs: dict[str, Any], method: dict[str, Any]
+) -> tuple[int, str, bytes | None, dict[str, Any]]:
+    """(hidden size, fingerprint, vocabulary-initialised prompt, spec fields of the model) from the local model."""
     from transformers.utils import logging as hf_logging
 
     from worker.engine import PromptEngine
@@ -381,9 +413,18 @@ def _model_facts(model: str, seed: int, spec_kwargs: dict[str, Any]) -> tuple[in
         init="vocab",
         seed=seed,
         device="cpu",
+        **method,
     )
-    blob = engine.save_prompt({"version": "0"})
-    return engine.hidden_size, engine.fingerprint, blob
+    blob = engine.save_prompt({"version": "0", "method": engine.method})
+    facts = {
+        **method,
+        "family": engine.family,
+        "num_layers": engine.method_config.num_layers,
+        "num_attention_heads": engine.num_attention_heads,
+        "model_info": engine.description,
+        "params_full_model": engine.model_parameters(),
+    }
+    return engine.hidden_size, engine.fingerprint, blob, facts
 
 
 def run_baseline(
@@ -506,6 +547,16 @@ def simulate_command(
     save_prompt: Annotated[
         Path | None, typer.Option(help="Write the final global prompt (safetensors) to this file.")
     ] = None,
+    method: Annotated[
+        str, typer.Option(help="Prompt method: prompt_tuning | p_tuning | prefix_tuning.")
+    ] = "prompt_tuning",
+    encoder_type: Annotated[str, typer.Option(help="P-tuning's prompt encoder: mlp | lstm.")] = "mlp",
+    encoder_hidden_size: Annotated[
+        int | None, typer.Option(min=1, help="Prompt encoder hidden size (default: the model's).")
+    ] = None,
+    prefix_projection: Annotated[
+        bool, typer.Option("--prefix-projection", help="Prefix tuning through an MLP (communicated).")
+    ] = False,
 ) -> None:
     """Run a whole federation on this machine and write results.json, rounds.csv and accuracy.png."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -526,6 +577,11 @@ def simulate_command(
         )
         if init_prompt is not None and not init_prompt.is_file():
             raise ValueError(f"--init-prompt {init_prompt} is not a file")
+        if method not in METHODS or encoder_type not in ("mlp", "lstm"):
+            raise ValueError(
+                f"--method must be one of {', '.join(METHODS)} and --encoder-type mlp or lstm "
+                f"(got {method!r}, {encoder_type!r})"
+            )
     except Exception as exc:  # DataError, PartitionError, bad options: one readable line
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
@@ -583,7 +639,13 @@ def simulate_command(
                 "num_virtual_tokens": num_virtual_tokens,
                 "max_length": max_length,
             }
-            hidden, fingerprint, initial_blob = _model_facts(model, seed, kwargs)
+            method_options = {
+                "method": method,
+                "encoder_type": encoder_type,
+                "encoder_hidden_size": encoder_hidden_size,
+                "prefix_projection": prefix_projection,
+            }
+            hidden, fingerprint, initial_blob, facts = _model_facts(model, seed, kwargs, method_options)
             spec = build_spec(
                 dataset_name=name,
                 task=task,
@@ -606,6 +668,7 @@ def simulate_command(
                 privacy={"mechanism": "laplace", "epsilon": ldp_epsilon, "clip": ldp_clip}
                 if ldp_epsilon is not None
                 else None,
+                method=facts,
             )
             fid = admin.create_federation(spec.model_dump(mode="json"))["id"]
             if init_prompt is not None:
@@ -709,6 +772,7 @@ def simulate_command(
                 "device": device,
                 "torch": _torch_version(),
             },
+            **ledger_fields(spec_json),
             "scoring": "label words read through the tied input embeddings (the checkpoint has no MLM head)"
             if "MiniLM" in spec_json["model"]
             else "masked-LM head",
@@ -797,7 +861,7 @@ def _follow(
             elif status["state"] == "waiting":
                 progress.update(bar, completed=status["clients"]["enrolled"], total=clients)
             active = status["clients"]["active"]
-            for record in round_records(history):
+            for record in round_records(history, spec):
                 r = record["round"]
                 closed_seen.setdefault(r, time.monotonic())
                 complete = record["eval_clients"] >= active
@@ -809,4 +873,4 @@ def _follow(
                 break
             time.sleep(0.5)
     initial = admin.evaluation(fid, 0)
-    return round_records(admin.rounds(fid)), initial
+    return round_records(admin.rounds(fid), spec), initial

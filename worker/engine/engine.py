@@ -511,6 +511,12 @@ class PromptEngine:
                 modules.append(m)
         return modules
 
+    def model_parameters(self) -> int:
+        """Parameters of the checkpoint's architecture (from its config, tied weights once): the full model."""
+        from worker.engine.params import count_parameters
+
+        return count_parameters(self._backbone.config)
+
     def get_prompt(self) -> dict[str, np.ndarray]:
         """A float32 copy of the trainable tensors, keyed by their wire names."""
         return {name: p.detach().float().cpu().numpy().copy() for name, p in self._params.items()}
