@@ -121,7 +121,7 @@ def pivot(config: ExperimentConfig, records: list[dict[str, Any]]) -> str:
     by_cell = {r["cell"]: r for r in records}
     for combo in row_combos:
         row_match = dict(zip(rows_keys, combo, strict=True))
-        row = [str(v) for v in combo]
+        row = ["off" if v is None else str(v) for v in combo]
         any_cell = False
         for col in col_combos:
             match = row_match | dict(zip(spec.columns, col, strict=True))
