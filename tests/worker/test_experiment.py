@@ -174,3 +174,22 @@ def test_pivot_of_an_unrun_experiment_shows_dashes(tmp_path: Path) -> None:
     table = pivot(config, [])
     assert table.splitlines()[0].startswith("| malicious | aggregation=fedavg ACC")
     assert "| 2 | – | – | – | – | see paper |" in table
+
+
+def test_report_draws_the_configured_figures(tmp_path: Path) -> None:
+    text = (
+        CONFIG
+        + """plots:
+  - {kind: asr, file: asr.png, cell: {malicious: 1, aggregation: fedavg}}
+  - {kind: lines, file: lines.png, x: malicious, y: final_asr, series: aggregation}
+"""
+    )
+    config, path = _config(tmp_path, text)
+    run_experiment(config, tmp_path / "runs", runner=FakeSimulate(), echo=lambda _: None)
+    results = tmp_path / "runs/demo/malicious-1_aggregation-fedavg_seed-0/results.json"
+    data = json.loads(results.read_text()) | {"spec": {"aggregation": {"name": "fedavg"}}, "clients": 10}
+    results.write_text(json.dumps(data))
+    report([path], tmp_path / "runs", tmp_path / "RESULTS.md", tmp_path / "figs", tmp_path)
+    for name in ("asr.png", "lines.png"):
+        assert (tmp_path / "figs" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![demo](figs/asr.png)" in (tmp_path / "RESULTS.md").read_text()
