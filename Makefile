@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test lint format clean browser
+.PHONY: install demo test lint format clean browser bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,18 @@ browser:
 
 test: lint browser
 	$(BIN)/pytest -q
+
+# Benchmarks (bench/, results in bench/results/*.json, tables in BENCHMARKS.md). BENCH_INGEST=--quick
+# keeps the coordinator ingest grid to K <= 1,000 and 20x384 (about 30 min instead of over an hour on 2 cores).
+BENCH_INGEST ?=
+bench: $(STAMP)
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[bench]'
+	$(BIN)/python -m bench.comm
+	$(BIN)/python -m bench.aggregation
+	$(BIN)/python -m bench.worker
+	$(BIN)/python -m bench.ingest $(BENCH_INGEST)
+	$(BIN)/python -m bench.e2e
+	$(BIN)/python -m bench.report
 
 format: $(STAMP)
 	$(BIN)/ruff format .

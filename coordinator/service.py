@@ -502,6 +502,7 @@ class Coordinator:
 
     def _aggregate(self, s: Session, fed: Federation, rnd: Round, *, by: str) -> None:
         """Aggregate a round into the next prompt version and open the next round (lock held)."""
+        started = time.perf_counter()
         rnd.state = "aggregating"
         spec = self.spec_of(fed)
         updates = s.scalars(
@@ -558,6 +559,7 @@ class Coordinator:
             if losses
             else None,
             "notes": {str(updates[i].client_id): note for i, note in result.notes.items()},
+            "aggregation_s": time.perf_counter() - started,  # decode, aggregate, encode
         }
         local_asr = {str(u.client_id): u.metrics["local_asr"] for u in updates if "local_asr" in u.metrics}
         if local_asr:  # what malicious clients report of their own prompt

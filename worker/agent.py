@@ -295,8 +295,11 @@ class Agent:
     def _train(self, task: dict[str, Any]) -> None:
         number, version, cfg = int(task["round"]), int(task["version"]), task["config"]
         self.status.state, self.status.round = "waiting-for-slot", number
+        received_at, started = time.time(), time.perf_counter()
         blob_in = self._download(version, task["sha256"])
+        download_s = time.perf_counter() - started
         with training_slot(self.config.slots_dir, self.config.slots, self._stop):
+            slot_wait_s = time.perf_counter() - started - download_s
             self.status.state = "training"
             self.engine.load_prompt(blob_in)
             self.status.step, self.status.total_steps = 0, int(cfg["local_steps"])
@@ -331,6 +334,13 @@ class Agent:
             "round": str(number),
             "num_samples": str(len(self.train_data)),
             "metrics": metrics,
+            # where the round's time went on this side (bench/e2e.py splits rounds with it)
+            "timing": {
+                "task_received_at": received_at,
+                "download_s": download_s,
+                "slot_wait_s": slot_wait_s,
+                "trained_at": time.time(),
+            },
         }
         blob = self.engine.save_prompt(meta) if tensors is None else wire.encode(tensors, meta)
         self.state.save_pending(number, blob)

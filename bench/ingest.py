@@ -1,0 +1,334 @@
+"""Coordinator ingest: K simulated workers through full rounds, SQLite and Postgres, vs a null FastAPI app.
+
+    python -m bench.ingest [--quick] [--backends sqlite,postgres] [--grid 100x0.1,1000x1.0,...]
+
+For each backend and (K, C, prompt size) a fresh coordinator process (``fedprompt-coordinator serve``
+on a loopback port; SQLite file, or a database created on the local Postgres and dropped after) runs
+a federation of ``--rounds`` rounds; ``bench.loadgen`` in a separate process enrols K workers that
+long-poll, download, "train" (a random pause in [0, --train-s]) and upload, and evaluate each new
+version, as real workers do. Reported: rounds per minute, uploads per second, p50/p99 latency of
+uploads, downloads, evaluations, enrolments and of task delivery (a train task's arrival after its
+round opened, an evaluate task's after the version was made), errors, coordinator CPU seconds and
+peak RSS. The baseline, in the same run: ``bench.null_server`` (FastAPI accepting the same bytes and
+doing nothing) under the same K, pacing and rounds.
+
+The full grid takes over an hour on 2 busy cores; ``--quick`` (K ∈ {100, 1,000}, 20×384 only) about 30 min.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from bench.common import percentile, proc_cpu_seconds, proc_peak_rss_mib, ratio, write_result
+from shared.client import CoordinatorClient
+from shared.local import free_port, wait_ready
+from shared.spec import FederationSpec
+
+ADMIN = "bench-admin-token-0123456789abcdef"
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
+FULL_GRID = [(100, 0.1), (100, 1.0), (1000, 0.1), (1000, 1.0), (5000, 0.1), (5000, 1.0)]
+QUICK_GRID = [(100, 0.1), (100, 1.0), (1000, 1.0)]
+ENV = {
+    "FEDPROMPT_ADMIN_TOKEN": ADMIN,
+    "FEDPROMPT_SWEEP_INTERVAL_S": "1",
+    # every simulated worker enrols from 127.0.0.1: the per-IP enrolment limit would refuse most of them
+    "FEDPROMPT_ENROLMENT_RATE_LIMIT": "1000000/minute",
+}
+
+
+def _stats(values: list[float]) -> dict[str, Any]:
+    return {"n": len(values), "p50": percentile(values, 50), "p99": percentile(values, 99)}
+
+
+def _loadgen(url: str, out: Path, k: int, hidden: int, args: argparse.Namespace, **extra: Any) -> dict:
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.loadgen",
+        "--url",
+        url,
+        "--clients",
+        str(k),
+        "--rounds",
+        str(args.rounds),
+        "--hidden",
+        str(hidden),
+        "--train-s",
+        str(args.train_s),
+        "--wait",
+        str(args.wait),
+        "--time-limit",
+        str(args.time_limit),
+        "--out",
+        str(out),
+    ]
+    for key, value in extra.items():
+        cmd += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    subprocess.run(cmd, check=True, timeout=args.time_limit + 120)
+    return json.loads(out.read_text())
+
+
+def _upload_rate(upload_times: list[list[float]]) -> float | None:
+    """Uploads per second within each round's upload window, averaged over rounds (weighted by uploads)."""
+    per_round: dict[int, list[float]] = defaultdict(list)
+    for number, t in upload_times:
+        per_round[int(number)].append(t)
+    spans = [(len(ts), max(ts) - min(ts)) for ts in per_round.values() if len(ts) > 1]
+    total = sum(n for n, _ in spans)
+    span = sum(s for _, s in spans)
+    return total / span if span > 0 else None
+
+
+class Postgres:
+    """A fresh database on the local server, dropped afterwards."""
+
+    def __enter__(self) -> str:
+        import psycopg
+
+        self.name = f"fedprompt_bench_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{self.name}"')
+        return f"postgresql+psycopg://postgres@127.0.0.1:5432/{self.name}"
+
+    def __exit__(self, *exc: object) -> None:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+def run_coordinator(backend: str, k: int, c: float, hidden: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One federation of K simulated workers against a real coordinator process."""
+    from tests.helpers import coordinator_process  # the launcher the end-to-end tests use
+
+    with tempfile.TemporaryDirectory(prefix="fedprompt-ingest-") as tmp:
+        tmpdir = Path(tmp)
+        db_ctx = Postgres() if backend == "postgres" else None
+        db = db_ctx.__enter__() if db_ctx else f"sqlite:///{tmpdir / 'coordinator.db'}"
+        try:
+            with coordinator_process(db, tmpdir, extra_env=ENV) as (url, proc):
+                admin = CoordinatorClient(url, ADMIN, timeout=600.0)  # history of 1,000s of participants
+                spec = FederationSpec(
+                    name=f"ingest-{k}-{c}",
+                    hidden_size=hidden,
+                    fraction=c,
+                    min_clients=1,
+                    quorum=1,
+                    expected_clients=k,
+                    rounds=args.rounds,
+                    round_deadline_s=3600,
+                    availability_timeout_s=3600,
+                    local_steps=1,
+                )
+                fid = admin.create_federation(spec.model_dump(mode="json"))["id"]
+                token = admin.create_enrollment_token(fid, max_uses=k)
+                cpu0 = proc_cpu_seconds(proc.pid)
+                t0 = time.time()
+                spy = _profiler(proc.pid, args, f"{backend}-{k}-{c}-{hidden}")
+                load = _loadgen(url, tmpdir / "load.json", k, hidden, args, fid=fid, enrol_token=token)
+                profile = _stop_profiler(spy)
+                wall = time.time() - t0
+                cpu = proc_cpu_seconds(proc.pid) - cpu0
+                peak = proc_peak_rss_mib(proc.pid)
+                history = admin.rounds(fid)
+                admin.close()
+        finally:
+            if db_ctx:
+                db_ctx.__exit__(None, None, None)
+    closed = [r for r in history if r["state"] == "closed"]
+    opened = {r["round"]: r["opened_at"] for r in history}  # latest attempt wins
+    made = {r["result_version"]: r["closed_at"] for r in closed}
+    delivery = []
+    for kind, number, t in load["received"]:
+        start = opened.get(number) if kind == "train" else made.get(number)
+        if start is not None:
+            delivery.append(t - start)
+    span = (max(r["closed_at"] for r in closed) - min(r["opened_at"] for r in history)) if closed else None
+    lat = load["latencies"]
+    uploads = len(lat.get("upload", []))
+    return {
+        "backend": backend,
+        "k": k,
+        "c": c,
+        "prompt": [20, hidden],
+        "rounds_closed": len(closed),
+        "rounds_failed": sum(r["state"] == "failed" for r in history),
+        "rounds_per_min": (len(closed) / span * 60) if span else None,
+        "uploads": uploads,
+        "uploads_per_s": _upload_rate(load["upload_times"]),
+        "upload_s": _stats(lat.get("upload", [])),
+        "download_s": _stats(lat.get("download", [])),
+        "evaluation_s": _stats(lat.get("evaluation", [])),
+        "enrol_s": _stats(lat.get("enrol", [])),
+        "poll_delivery_s": _stats(delivery),
+        "polls": len(lat.get("poll", [])),
+        "errors": sum(load["errors"].values()),
+        "error_kinds": load["errors"],
+        "error_samples": load["error_samples"],
+        "clients_unfinished": load["clients_unfinished"],
+        "coordinator_cpu_s": cpu,
+        "coordinator_peak_rss_mib": peak,
+        "loadgen_cpu_s": load["cpu_seconds"],
+        "wall_s": wall,
+        **({"profile": profile} if profile else {}),
+    }
+
+
+def run_null(k: int, hidden: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The same K, pacing and rounds against the null FastAPI app."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.null_server", "--port", str(port), "--hidden", str(hidden)]
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, 60)
+        cpu0 = proc_cpu_seconds(proc.pid)
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.time()
+            load = _loadgen(url, Path(tmp) / "null.json", k, hidden, args, null=True)
+            wall = time.time() - t0
+        cpu = proc_cpu_seconds(proc.pid) - cpu0
+        peak = proc_peak_rss_mib(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    lat = load["latencies"]
+    return {
+        "k": k,
+        "prompt": [20, hidden],
+        "uploads": len(lat.get("upload", [])),
+        "uploads_per_s": _upload_rate(load["upload_times"]),
+        "upload_s": _stats(lat.get("upload", [])),
+        "download_s": _stats(lat.get("download", [])),
+        "errors": sum(load["errors"].values()),
+        "cpu_s": cpu,
+        "peak_rss_mib": peak,
+        "wall_s": wall,
+    }
+
+
+def compare(row: dict[str, Any], null: dict[str, Any]) -> dict[str, Any]:
+    """The coordinator's figures as ratios to the null app's."""
+    per_upload = ratio(
+        row["coordinator_cpu_s"] / max(row["uploads"], 1), null["cpu_s"] / max(null["uploads"], 1)
+    )
+    return {
+        "upload_p50": ratio(row["upload_s"]["p50"], null["upload_s"]["p50"]),
+        "upload_p99": ratio(row["upload_s"]["p99"], null["upload_s"]["p99"]),
+        "download_p99": ratio(row["download_s"]["p99"], null["download_s"]["p99"]),
+        "uploads_per_s": ratio(row["uploads_per_s"], null["uploads_per_s"]),
+        "cpu_per_upload": per_upload,
+        "peak_rss": ratio(row["coordinator_peak_rss_mib"], null["peak_rss_mib"]),
+    }
+
+
+def _profiler(pid: int, args: argparse.Namespace, label: str) -> tuple[subprocess.Popen, Path] | None:
+    """py-spy sampling the coordinator while the load runs (--profile DIR), collapsed stacks."""
+    if not args.profile:
+        return None
+    out = Path(args.profile) / f"coordinator-{label}.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(pid), "-r", "50"]
+    cmd += ["--format", "raw", "--nonblocking", "-o", str(out)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out
+
+
+def _stop_profiler(spy: tuple[subprocess.Popen, Path] | None) -> dict[str, Any] | None:
+    if spy is None:
+        return None
+    proc, out = spy
+    proc.send_signal(2)  # SIGINT: py-spy writes its file and exits
+    proc.wait(60)
+    return {"file": str(out), "top": summarize_profile(out)}
+
+
+def summarize_profile(path: Path, top: int = 15) -> list[dict[str, Any]]:
+    """Share of samples in which each project function is on the stack (inclusive), highest first."""
+    counts: dict[str, int] = defaultdict(int)
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not n.isdigit():
+            continue
+        total += int(n)
+        seen = set()
+        for frame in stack.split(";"):
+            func, _, where = frame.partition(" (")
+            if where.startswith(("coordinator/", "shared/")):
+                name = f"{func} ({where.split(':')[0]})"
+                if name not in seen:
+                    seen.add(name)
+                    counts[name] += int(n)
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+    return [{"function": f, "share": c / total} for f, c in ranked] if total else []
+
+
+def _parse_grid(text: str) -> list[tuple[int, float]]:
+    return [(int(k), float(c)) for k, c in (item.split("x") for item in text.split(","))]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the grid and write bench/results/ingest.json."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="K <= 1000 and 20x384 only")
+    ap.add_argument("--grid", default=None, help="e.g. 100x0.1,1000x1.0 (K x C)")
+    ap.add_argument("--hidden", default=None, help="prompt widths, e.g. 384,768")
+    ap.add_argument("--backends", default="sqlite,postgres")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--train-s", type=float, default=5.0, help="local training time, uniform in [0, this]")
+    ap.add_argument("--wait", type=float, default=20.0, help="long-poll wait of the workers")
+    ap.add_argument("--time-limit", type=float, default=600.0, help="bound on one load generator run")
+    ap.add_argument("--profile", default=None, help="directory: sample the coordinator with py-spy")
+    ap.add_argument("--name", default="ingest")
+    ap.add_argument("--out-dir", default=None)
+    args = ap.parse_args(argv)
+    grid = _parse_grid(args.grid) if args.grid else (QUICK_GRID if args.quick else FULL_GRID)
+    hiddens = [int(h) for h in (args.hidden or ("384" if args.quick else "384,768")).split(",")]
+    rows, nulls = [], {}
+    for hidden in hiddens:
+        # 20x768 only changes the bytes per request: one (K, C) point is enough to show it
+        points = grid if hidden == hiddens[0] else [p for p in grid if p == (1000, 1.0)] or grid[-1:]
+        for k, c in points:
+            if (k, hidden) not in nulls:
+                nulls[(k, hidden)] = run_null(k, hidden, args)
+            for backend in args.backends.split(","):
+                row = run_coordinator(backend, k, c, hidden, args)
+                row["vs_null"] = compare(row, nulls[(k, hidden)])
+                rows.append(row)
+                print(
+                    f"{backend} K={k} C={c} 20x{hidden}: {row['uploads']} uploads, "
+                    f"{row['uploads_per_s'] or 0:.0f}/s, upload p50/p99 {row['upload_s']['p50'] or 0:.3f}/"
+                    f"{row['upload_s']['p99'] or 0:.3f} s, poll delivery p99 {row['poll_delivery_s']['p99'] or 0:.3f} s, "
+                    f"errors {row['errors']}, cpu {row['coordinator_cpu_s']:.1f} s, "
+                    f"peak {row['coordinator_peak_rss_mib']:.0f} MiB, {row['rounds_per_min'] or 0:.1f} rounds/min",
+                    flush=True,
+                )
+    path = write_result(
+        args.name,
+        {
+            "settings": {
+                "rounds": args.rounds,
+                "train_s": args.train_s,
+                "wait": args.wait,
+                "quick": args.quick,
+            },
+            "rows": rows,
+            "null": [{"k": k, "hidden": h, **v} for (k, h), v in nulls.items()],
+        },
+        out_dir=Path(args.out_dir) if args.out_dir else None,
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""Load generator: K simulated workers (asyncio + httpx) driving one coordinator through full rounds.
+
+Run by ``bench.ingest`` as a separate process; writes one JSON file of latencies and counts.
+
+Each simulated worker enrols with the enrolment token, then loops as the real agent does: long-poll
+``GET …/task?wait=W``; for an *evaluate* task download the version and report an evaluation; for a
+*train* task download the base version, "train" for a random time in [0, train_s] (the spread of
+real local training, compressed) and upload a valid safetensors update; stop at *done*.
+``--null`` drives the minimal endpoint of ``bench.null_server`` instead: enrol, then per round
+download and upload the same bytes with the same pacing, nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from shared import wire
+
+API = "/api/v1/federations"
+
+
+class Recorder:
+    """Latencies per request kind, errors, and when tasks arrived."""
+
+    def __init__(self) -> None:
+        self.lat: dict[str, list[float]] = defaultdict(list)
+        self.errors: dict[str, int] = defaultdict(int)
+        self.error_samples: list[str] = []
+        self.received: list[tuple[str, int, float]] = []  # (kind, round/version, wall time)
+        self.upload_times: list[tuple[int, float]] = []  # (round, wall time of the acknowledgement)
+
+    def error(self, what: str, detail: str) -> None:
+        """Count an error and keep a few examples."""
+        self.errors[what] += 1
+        if len(self.error_samples) < 20:
+            self.error_samples.append(f"{what}: {detail[:300]}")
+
+
+async def _request(
+    rec: Recorder, kind: str, http: httpx.AsyncClient, method: str, url: str, **kw: Any
+) -> httpx.Response | None:
+    t0 = time.perf_counter()
+    try:
+        resp = await http.request(method, url, **kw)
+    except httpx.HTTPError as exc:
+        rec.error(f"{kind} {type(exc).__name__}", str(exc))
+        return None
+    dt = time.perf_counter() - t0
+    if resp.status_code >= 400:
+        rec.error(f"{kind} {resp.status_code}", resp.text)
+        return None
+    rec.lat[kind].append(dt)
+    return resp
+
+
+class Blobs:
+    """Valid update bodies, a few distinct ones per base version (encoding is the generator's cost)."""
+
+    def __init__(self, shape: tuple[int, int]) -> None:
+        self.shape = shape
+        self.cache: dict[tuple[int, int], bytes] = {}
+
+    def get(self, version: int, variant: int, num_samples: int) -> bytes:
+        key = (version, variant)
+        if key not in self.cache:
+            rng = np.random.default_rng([version, variant])
+            tensors = {"prompt_embeddings": (rng.standard_normal(self.shape) * 0.05).astype(np.float32)}
+            meta = {
+                "method": "prompt_tuning",
+                "base_version": str(version),
+                "num_samples": str(num_samples),
+                "metrics": {"loss": 0.69, "last_loss": 0.68, "seconds": 1.0},
+            }
+            self.cache[key] = wire.encode(tensors, meta)
+        return self.cache[key]
+
+
+async def worker(
+    i: int,
+    http: httpx.AsyncClient,
+    args: argparse.Namespace,
+    rec: Recorder,
+    blobs: Blobs,
+    stop: asyncio.Event,
+) -> None:
+    """One simulated worker from enrolment to 'done'."""
+    fid, rnd = args.fid, random.Random(i)
+    num_samples = 100 + (i % 7) * 10  # one weight per variant below: identical retries stay identical
+    resp = await _request(
+        rec,
+        "enrol",
+        http,
+        "POST",
+        f"{API}/{fid}/clients",
+        json={"name": f"load-{i}", "num_samples": num_samples, "info": {}},
+        headers={"Authorization": f"Bearer {args.enrol_token}"},
+    )
+    if resp is None:
+        return
+    auth = {"Authorization": f"Bearer {resp.json()['token']}"}
+    if args.null:
+        for r in range(1, args.rounds + 1):
+            await _request(rec, "download", http, "GET", f"{API}/{fid}/prompts/{r - 1}", headers=auth)
+            await asyncio.sleep(rnd.uniform(0, args.train_s))
+            t = await _request(
+                rec,
+                "upload",
+                http,
+                "PUT",
+                f"{API}/{fid}/rounds/{r}/update",
+                content=blobs.get(r - 1, i % 7, num_samples),
+                headers=auth,
+            )
+            if t is not None:
+                rec.upload_times.append((r, time.time()))
+        return
+    while not stop.is_set():
+        resp = await _request(
+            rec,
+            "poll",
+            http,
+            "GET",
+            f"{API}/{fid}/task",
+            params={"wait": args.wait},
+            headers=auth,
+            timeout=args.wait + 120,
+        )
+        if resp is None:
+            await asyncio.sleep(1.0)
+            continue
+        if resp.status_code == 204:
+            continue
+        task = resp.json()
+        kind = task["kind"]
+        if kind == "done":
+            return
+        rec.received.append((kind, int(task["round"] if kind == "train" else task["version"]), time.time()))
+        if kind == "evaluate":
+            v = int(task["version"])
+            if await _request(rec, "download", http, "GET", f"{API}/{fid}/prompts/{v}", headers=auth):
+                await _request(
+                    rec,
+                    "evaluation",
+                    http,
+                    "POST",
+                    f"{API}/{fid}/rounds/{v}/evaluation",
+                    headers=auth,
+                    json={"num_samples": 50, "accuracy": 0.5 + (i % 10) / 100, "loss": 0.7},
+                )
+        elif kind == "train":
+            v, number = int(task["version"]), int(task["round"])
+            if await _request(rec, "download", http, "GET", f"{API}/{fid}/prompts/{v}", headers=auth):
+                await asyncio.sleep(rnd.uniform(0, args.train_s))
+                body = blobs.get(v, i % 7, num_samples)
+                if await _request(
+                    rec,
+                    "upload",
+                    http,
+                    "PUT",
+                    f"{API}/{fid}/rounds/{number}/update",
+                    content=body,
+                    headers={**auth, "Content-Type": "application/octet-stream"},
+                ):
+                    rec.upload_times.append((number, time.time()))
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    """All workers; clients share a connection pool per group of 50 (a pool per process scales badly)."""
+    rec = Recorder()
+    blobs = Blobs((args.tokens, args.hidden))
+    stop = asyncio.Event()
+    # idle connections are dropped before uvicorn's 5 s keep-alive closes them (else a reuse races the close)
+    limits = httpx.Limits(max_connections=60, max_keepalive_connections=60, keepalive_expiry=2.0)
+    pools = [
+        httpx.AsyncClient(base_url=args.url, limits=limits, timeout=120.0)
+        for _ in range((args.clients + 49) // 50)
+    ]
+    t0 = time.time()
+    tasks = [
+        asyncio.create_task(worker(i, pools[i // 50], args, rec, blobs, stop)) for i in range(args.clients)
+    ]
+    done, pending = await asyncio.wait(tasks, timeout=args.time_limit)
+    timed_out = len(pending)
+    stop.set()
+    for t in pending:
+        t.cancel()
+    for t in done:
+        if t.exception() is not None:
+            rec.error("generator", repr(t.exception()))
+    for p in pools:
+        await p.aclose()
+    t1 = time.time()
+    return {
+        "started_at": t0,
+        "finished_at": t1,
+        "clients_unfinished": timed_out,
+        "latencies": {k: v for k, v in rec.lat.items()},
+        "errors": dict(rec.errors),
+        "error_samples": rec.error_samples,
+        "received": rec.received,
+        "upload_times": rec.upload_times,
+        "cpu_seconds": sum(os.times()[:2]),
+    }
+
+
+def main() -> None:
+    """Parse options, run, write the JSON file."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--fid", type=int, default=1)
+    ap.add_argument("--enrol-token", default="x")
+    ap.add_argument("--clients", type=int, required=True)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=20)
+    ap.add_argument("--hidden", type=int, default=384)
+    ap.add_argument("--wait", type=float, default=20.0)
+    ap.add_argument("--train-s", type=float, default=5.0)
+    ap.add_argument("--time-limit", type=float, default=600.0)
+    ap.add_argument("--null", action="store_true")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    result = asyncio.run(run(args))
+    Path(args.out).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

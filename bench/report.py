@@ -1,0 +1,204 @@
+"""Regenerate the tables of BENCHMARKS.md from bench/results/*.json (text outside the markers is kept).
+
+    python -m bench.report [--results bench/results] [--out BENCHMARKS.md]
+
+Each table sits between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``; a missing result file
+leaves its table as it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import RESULTS, ROOT
+
+
+def _f(x: Any, fmt: str = "{:.2f}") -> str:
+    return "–" if x is None else fmt.format(x)
+
+
+def _ms(x: Any) -> str:
+    return "–" if x is None else f"{x * 1e3:.0f} ms" if x < 10 else f"{x:.1f} s"
+
+
+def _machine(doc: dict[str, Any]) -> str:
+    m = doc["machine"]
+    load = ", ".join(f"{v:.1f}" for v in m["loadavg"])
+    return (
+        f"*`{doc['command']}` — {doc['finished_at']}, {m['cpus']} × {m['cpu_model']}, {m['memory_gib']} GiB, "
+        f"commit {m['commit']}, load average at the end {load} (1/5/15 min).*"
+    )
+
+
+def comm_table(doc: dict[str, Any]) -> str:
+    """Bytes per client per round by method and model."""
+    lines = [
+        "| model | method | tensors (float32) | on the wire per round (up + down) | of which headers "
+        "| ÷ (raw tensors + headers) | safetensors ÷ raw | ÷ full fine-tuning round |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["rows"]:
+        full = r.get("full_finetuning")
+        lines.append(
+            f"| {r['model']} | {r['method']} | {r['tensor_bytes']:,} B | {r['wire_total']:,} B "
+            f"({r['wire_up']:,} + {r['wire_down']:,}) | {r['header_bytes']:,} B "
+            f"| **{r['ratio_to_raw_plus_headers']:.4f}×** | {r['safetensors_overhead']:.4f}× "
+            f"| {_f(r.get('ratio_to_full_finetuning'), '{:.2e}')}"
+            + (f" (of {full['round_bytes'] / 2**20:,.1f} MiB)" if full else "")
+            + " |"
+        )
+    idle = doc["rows"][0]["idle_poll_bytes"] if doc["rows"] else None
+    return (
+        "\n".join(lines)
+        + f"\n\nAn empty long-poll answer (204) costs {idle} bytes on the wire.\n\n"
+        + _machine(doc)
+    )
+
+
+def aggregation_table(doc: dict[str, Any]) -> str:
+    """Seconds and peak memory of each rule as ratios to numpy.average."""
+    rules = sorted({n for r in doc["results"] for n in r["rules"]})
+    head = "| K | numpy.average | " + " | ".join(rules) + " | coordinator round (FedAvg, SQLite) |"
+    lines = [head, "|" + "---|" * (len(rules) + 3)]
+    for r in doc["results"]:
+        cells = []
+        for n in rules:
+            row = r["rules"].get(n, {})
+            if "skipped" in row:
+                cells.append("skipped")
+            elif row:
+                cells.append(f"{row['time_ratio']:.2f}× / {row['peak_ratio']:.2f}×")
+            else:
+                cells.append("–")
+        svc = r["service_fedavg"]
+        lines.append(
+            f"| {r['k']:,} | {_ms(r['numpy']['seconds'])}, {r['numpy']['peak_mib']:.1f} MiB | "
+            + " | ".join(cells)
+            + f" | {svc['time_ratio']:.2f}× / {svc['peak_ratio']:.2f}× ({_ms(svc['seconds'])}) |"
+        )
+    return (
+        "\n".join(lines)
+        + "\n\nCells: time ÷ numpy time / peak memory ÷ numpy peak memory.\n\n"
+        + _machine(doc)
+    )
+
+
+def worker_table(doc: dict[str, Any]) -> str:
+    """Engine vs bare loop."""
+    return (
+        "| engine steps/s | bare torch loop steps/s | ratio | blocks (engine) | blocks (bare) |\n|---|---|---|---|---|\n"
+        f"| {doc['engine_steps_per_s']:.3f} | {doc['bare_steps_per_s']:.3f} | **{doc['ratio']:.3f}×** | "
+        f"{', '.join(f'{x:.3f}' for x in doc['engine_blocks'])} | {', '.join(f'{x:.3f}' for x in doc['bare_blocks'])} |\n\n"
+        f"batch {doc['batch_size']}, max length {doc['max_length']}, {doc['steps_per_block']} steps per block, "
+        f"{doc['threads']} torch threads, {doc['dataset']}.\n\n" + _machine(doc)
+    )
+
+
+def ingest_table(doc: dict[str, Any]) -> str:
+    """Coordinator rows with their ratios to the null app."""
+    lines = [
+        "| backend | K | C | prompt | uploads | uploads/s (÷ null) | upload p50 / p99 (÷ null p99) "
+        "| poll delivery p50 / p99 | download p99 | errors | CPU s (per upload ÷ null) | peak RSS (÷ null) | rounds/min |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["rows"]:
+        v = r["vs_null"]
+        lines.append(
+            f"| {r['backend']} | {r['k']:,} | {r['c']} | {r['prompt'][0]}×{r['prompt'][1]} | {r['uploads']:,} "
+            f"| {_f(r['uploads_per_s'], '{:.0f}')} ({_f(v['uploads_per_s'])}×) "
+            f"| {_ms(r['upload_s']['p50'])} / {_ms(r['upload_s']['p99'])} ({_f(v['upload_p99'])}×) "
+            f"| {_ms(r['poll_delivery_s']['p50'])} / {_ms(r['poll_delivery_s']['p99'])} "
+            f"| {_ms(r['download_s']['p99'])} | **{r['errors']}** "
+            f"| {r['coordinator_cpu_s']:.0f} ({_f(v['cpu_per_upload'], '{:.0f}')}×) "
+            f"| {r['coordinator_peak_rss_mib']:.0f} MiB ({_f(v['peak_rss'])}×) | {_f(r['rounds_per_min'], '{:.1f}')} |"
+        )
+    lines += ["", "Null app (same load generator, same K, pacing and rounds):", ""]
+    lines += [
+        "| K | prompt | uploads | uploads/s | upload p50 / p99 | CPU s | peak RSS | errors |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for n in doc["null"]:
+        lines.append(
+            f"| {n['k']:,} | 20×{n['hidden']} | {n['uploads']:,} | {_f(n['uploads_per_s'], '{:.0f}')} "
+            f"| {_ms(n['upload_s']['p50'])} / {_ms(n['upload_s']['p99'])} | {n['cpu_s']:.1f} | {n['peak_rss_mib']:.0f} MiB | {n['errors']} |"
+        )
+    s = doc["settings"]
+    lines += [
+        "",
+        f"{s['rounds']} rounds per federation; each simulated worker trains for a random {0}–{s['train_s']} s; "
+        f"long-poll wait {s['wait']} s.",
+        "",
+        _machine(doc),
+    ]
+    return "\n".join(lines)
+
+
+def e2e_table(doc: dict[str, Any]) -> str:
+    """Share of the round wall time per part."""
+    shares = doc["share_of_round"]
+    lines = ["| " + " | ".join(shares) + " |", "|" + "---|" * len(shares)]
+    lines.append(
+        "| " + " | ".join(_f(v * 100 if v is not None else None, "{:.1f} %") for v in shares.values()) + " |"
+    )
+    lines += [
+        "",
+        "| round | wall | participants | " + " | ".join(doc["rounds"][0]["mean_s"]) + " |"
+        if doc["rounds"]
+        else "",
+        "|" + "---|" * (3 + len(doc["rounds"][0]["mean_s"])) if doc["rounds"] else "",
+    ]
+    for r in doc["rounds"]:
+        lines.append(
+            f"| {r['round']} | {r['wall_s']:.1f} s | {r['participants']} | "
+            + " | ".join(f"{v:.2f} s" for v in r["mean_s"].values())
+            + " |"
+        )
+    lines += [
+        "",
+        f"`fedprompt {doc['simulate_command']}`: {doc['simulate_wall_s']:.0f} s in all, "
+        f"{doc['rounds_wall_s']:.0f} s of it inside rounds (the rest: start-up, model loading, the final evaluation).",
+        "",
+        _machine(doc),
+    ]
+    return "\n".join(lines)
+
+
+TABLES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
+    "comm": ("comm.json", comm_table),
+    "aggregation": ("aggregation.json", aggregation_table),
+    "worker": ("worker.json", worker_table),
+    "ingest": ("ingest.json", ingest_table),
+    "e2e": ("e2e.json", e2e_table),
+}
+
+
+def render(text: str, results: Path) -> str:
+    """Replace every marked table whose result file exists."""
+    for name, (file, fn) in TABLES.items():
+        path = results / file
+        if not path.exists():
+            continue
+        table = fn(json.loads(path.read_text()))
+        pattern = re.compile(rf"(<!-- bench:{name} -->\n).*?(\n<!-- /bench:{name} -->)", re.S)
+        text = pattern.sub(lambda m, t=table: m.group(1) + t + m.group(2), text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Rewrite the tables in BENCHMARKS.md."""
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--results", default=str(RESULTS))
+    ap.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.write_text(render(out.read_text(), Path(args.results)))
+    print(f"updated {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Worker overhead: steps/s of the engine's local training vs a bare torch loop, same model, batches and data.
+
+    python -m bench.worker [--steps 10 --blocks 4 --batch-size 16 --max-length 64]
+
+The bare loop is what one would write by hand: tokenise the batch with the template text, prepend a
+soft prompt (nn.Parameter) to the word embeddings of a frozen all-MiniLM-L6-v2, read the label words
+at [MASK] through the tied input embeddings, cross-entropy, AdamW on the prompt, gradient clipping.
+Both see the same SST-2 examples in the same batches (the engine's seeded batch order), with the same
+torch threads; they run in alternating blocks and the ratio is of the medians of the blocks, so a
+burst of load from other jobs hits both. The share of a round spent outside training is measured
+end to end by ``bench.e2e``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from bench.common import ratio, self_peak_rss_mib, write_result
+from shared.spec import DEFAULT_MODEL
+from worker.data import load_dataset, preset_for
+from worker.engine import PromptEngine
+from worker.engine.engine import _cycle_batches
+from worker.engine.model import resolve_model
+
+
+class BareLoop:
+    """Prompt tuning by hand with plain transformers + torch."""
+
+    def __init__(
+        self, template: str, words: list[list[str]], max_length: int, tokens: int, init: torch.Tensor
+    ):
+        from transformers import AutoModel, AutoTokenizer
+
+        path = resolve_model(DEFAULT_MODEL)
+        self.tok = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModel.from_pretrained(path).eval().requires_grad_(False)
+        self.template = template.replace("[MASK]", self.tok.mask_token)
+        self.word_ids = torch.tensor([self.tok.convert_tokens_to_ids(w[0]) for w in words])
+        self.max_length, self.tokens = max_length, tokens
+        self.init = init.detach().clone()
+
+    def train(self, examples: Any, labels: torch.Tensor, *, steps: int, batch_size: int, seed: int) -> float:
+        """`steps` AdamW steps from the initial prompt; returns the last loss."""
+        prompt = torch.nn.Parameter(self.init.clone())
+        opt = torch.optim.AdamW([prompt], lr=0.3, weight_decay=0.0)
+        batches = _cycle_batches(len(examples), batch_size, np.random.default_rng([seed, 0xBA]))
+        emb = self.model.embeddings.word_embeddings
+        loss = torch.tensor(0.0)
+        for _ in range(steps):
+            idx = next(batches)
+            texts = [self.template.format(text=examples[int(i)].text.strip()) for i in idx]
+            enc = self.tok(
+                texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+            )
+            b = enc.input_ids.shape[0]
+            x = torch.cat([prompt.unsqueeze(0).expand(b, -1, -1), emb(enc.input_ids)], dim=1)
+            mask = torch.cat(
+                [torch.ones(b, self.tokens, dtype=enc.attention_mask.dtype), enc.attention_mask], 1
+            )
+            hidden = self.model(inputs_embeds=x, attention_mask=mask).last_hidden_state
+            at = (enc.input_ids == self.tok.mask_token_id).int().argmax(dim=1) + self.tokens
+            logits = hidden[torch.arange(b), at] @ emb.weight[self.word_ids].T
+            loss = F.cross_entropy(logits, labels[torch.as_tensor(idx)])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_([prompt], 1.0)
+            opt.step()
+        return float(loss.detach())
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Alternate blocks of engine and bare-loop training; write bench/results/worker.json."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=10, help="training steps per block")
+    ap.add_argument("--blocks", type=int, default=4, help="blocks of each (after one warm-up block each)")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--max-length", type=int, default=64)
+    ap.add_argument("--train-limit", type=int, default=4000)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out-dir", default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    data = load_dataset("sst2", "train").sample(args.train_limit, 0)
+    preset = preset_for(data.name, data.task)
+    engine = PromptEngine.load(
+        DEFAULT_MODEL,
+        template=preset.template,
+        verbalizer=preset.verbalizer,
+        num_virtual_tokens=20,
+        max_length=args.max_length,
+        seed=0,
+        num_threads=args.threads,
+    )
+    examples = list(data)
+    labels = torch.tensor([int(ex.label) for ex in examples])
+    bare = BareLoop(preset.template, preset.verbalizer, args.max_length, 20, engine.prompt)
+    init = engine.get_prompt()
+    engine_rates, bare_rates = [], []
+    for block in range(args.blocks + 1):
+        engine.set_prompt(init)
+        t0 = time.perf_counter()
+        engine.train(examples, steps=args.steps, batch_size=args.batch_size, lr=0.3, seed=block)
+        t1 = time.perf_counter()
+        bare.train(examples, labels, steps=args.steps, batch_size=args.batch_size, seed=block)
+        t2 = time.perf_counter()
+        if block == 0:
+            continue  # warm-up: first calls allocate and tune kernels
+        engine_rates.append(args.steps / (t1 - t0))
+        bare_rates.append(args.steps / (t2 - t1))
+        print(
+            f"block {block}: engine {engine_rates[-1]:.2f} steps/s, bare loop {bare_rates[-1]:.2f} steps/s",
+            flush=True,
+        )
+    eng, bar = statistics.median(engine_rates), statistics.median(bare_rates)
+    result = {
+        "model": DEFAULT_MODEL,
+        "dataset": data.name,
+        "batch_size": args.batch_size,
+        "max_length": args.max_length,
+        "steps_per_block": args.steps,
+        "threads": args.threads,
+        "engine_steps_per_s": eng,
+        "bare_steps_per_s": bar,
+        "ratio": ratio(eng, bar),
+        "engine_blocks": engine_rates,
+        "bare_blocks": bare_rates,
+        "peak_rss_mib": self_peak_rss_mib(),
+    }
+    path = write_result("worker", result, out_dir=Path(args.out_dir) if args.out_dir else None)
+    print(f"engine {eng:.2f} vs bare {bar:.2f} steps/s: {result['ratio']:.3f}x; wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

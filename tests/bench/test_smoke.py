@@ -1,0 +1,134 @@
+"""Each benchmark command runs at a tiny size and writes a result file BENCHMARKS.md can be built from."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import aggregation, comm, e2e, ingest, report, worker
+from shared import wire
+
+
+def _result(out: Path, name: str) -> dict:
+    doc = json.loads((out / f"{name}.json").read_text())
+    assert doc["benchmark"] == name
+    assert len(doc["machine"]["loadavg"]) == 3 and doc["machine"]["cpus"] >= 1
+    return doc
+
+
+def test_aggregation_compares_every_rule_with_numpy(tmp_path: Path) -> None:
+    aggregation.main(["--ks", "10", "--repeats", "1", "--out-dir", str(tmp_path)])
+    doc = _result(tmp_path, "aggregation")
+    (row,) = doc["results"]
+    assert set(row["rules"]) >= {"fedavg", "median", "trimmed_mean", "krum", "multi_krum", "norm_bound"}
+    assert all(r["time_ratio"] > 0 and r["peak_mib"] >= 0 for r in row["rules"].values())
+    assert row["service_fedavg"]["seconds"] > 0
+
+
+def test_comm_counts_headers_and_bodies_on_the_wire(tmp_path: Path) -> None:
+    comm.main(["--quick", "--out-dir", str(tmp_path)])
+    rows = _result(tmp_path, "comm")["rows"]
+    pt = next(r for r in rows if r["method"] == "prompt_tuning")
+    assert pt["tensor_bytes"] == 20 * 384 * 4
+    # three prompt transfers (train download, upload, evaluation download) plus JSON and headers
+    assert pt["wire_total"] > 3 * pt["tensor_bytes"] + pt["header_bytes"]
+    assert pt["header_bytes"] > 0 and pt["wire_total"] == pt["wire_up"] + pt["wire_down"]
+
+
+def test_ingest_runs_a_tiny_federation_and_the_null_app(tmp_path: Path) -> None:
+    ingest.main(
+        [
+            "--grid",
+            "4x1.0",
+            "--hidden",
+            "384",
+            "--backends",
+            "sqlite",
+            "--rounds",
+            "1",
+            "--train-s",
+            "0",
+            "--wait",
+            "2",
+            "--time-limit",
+            "60",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
+    doc = _result(tmp_path, "ingest")
+    (row,) = doc["rows"]
+    assert row["errors"] == 0 and row["uploads"] == 4 and row["rounds_closed"] == 1
+    assert row["coordinator_peak_rss_mib"] > 0 and row["vs_null"]["upload_p99"] is not None
+    assert doc["null"][0]["uploads"] == 4
+
+
+@pytest.mark.slow
+def test_worker_times_engine_and_bare_loop(tmp_path: Path) -> None:
+    worker.main(
+        [
+            "--steps",
+            "1",
+            "--blocks",
+            "1",
+            "--train-limit",
+            "32",
+            "--max-length",
+            "16",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
+    doc = _result(tmp_path, "worker")
+    assert doc["engine_steps_per_s"] > 0 and doc["bare_steps_per_s"] > 0 and doc["ratio"] > 0
+
+
+def _fake_simulate_db(path: Path) -> None:
+    """A round of two clients as the coordinator and the workers record it."""
+    con = sqlite3.connect(path)
+    con.executescript(
+        "create table rounds (id, number, opened_at, closed_at, stats, base_version, state);"
+        "create table updates (round_id, client_id, blob, metrics, created_at);"
+        "create table evaluations (client_id, version, created_at);"
+    )
+    con.execute(
+        "insert into rounds values (1, 1, 100.0, 120.0, ?, 0, 'closed')",
+        (json.dumps({"aggregation_s": 0.5}),),
+    )
+    for cid, received, train, created in ((1, 102.0, 10.0, 114.0), (2, 101.0, 15.0, 118.0)):
+        timing = {
+            "task_received_at": received,
+            "download_s": 0.5,
+            "slot_wait_s": 1.0,
+            "trained_at": received + 1.5 + train + 0.25,
+        }
+        blob = wire.encode({"p": np.zeros(2, np.float32)}, {"timing": timing})
+        con.execute(
+            "insert into updates values (1, ?, ?, ?, ?)", (cid, blob, json.dumps({"seconds": train}), created)
+        )
+        con.execute("insert into evaluations values (?, 0, ?)", (cid, 100.5))
+    con.commit()
+    con.close()
+
+
+def test_e2e_split_adds_up_to_the_round_wall_time(tmp_path: Path) -> None:
+    _fake_simulate_db(tmp_path / "fedprompt.db")
+    (rnd,) = e2e.split_rounds(tmp_path / "fedprompt.db")
+    assert rnd["wall_s"] == 20.0
+    assert sum(rnd["mean_s"].values()) == pytest.approx(20.0)
+    assert rnd["mean_s"]["training"] == pytest.approx(12.5)
+    assert rnd["mean_s"]["serialisation"] == pytest.approx(0.25)
+    assert rnd["mean_s"]["aggregation"] == pytest.approx(0.5)
+
+
+def test_report_fills_the_marked_tables(tmp_path: Path) -> None:
+    aggregation.main(["--ks", "10", "--rules", "fedavg", "--repeats", "1", "--out-dir", str(tmp_path)])
+    md = tmp_path / "BENCHMARKS.md"
+    md.write_text("intro\n<!-- bench:aggregation -->\nold\n<!-- /bench:aggregation -->\nkept\n")
+    report.main(["--results", str(tmp_path), "--out", str(md)])
+    text = md.read_text()
+    assert "old" not in text and "| 10 |" in text and text.startswith("intro") and text.endswith("kept\n")
