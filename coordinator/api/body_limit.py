@@ -1,8 +1,8 @@
 """Request size limits applied before the body is read (pure ASGI middleware).
 
-A declared ``Content-Length`` over the limit is answered 413 at once, without reading a byte of
-the body; a body sent without one (chunked) is counted as it streams in and refused (413) as soon
-as it passes the limit. Uploads of prompts (``PUT …/rounds/{n}/update``, ``PUT …/prompts/0``) may
+A route's first read of a body whose declared ``Content-Length`` is over the limit fails with 413
+before a byte of it is received; a body sent without one (chunked) is counted as it streams in and
+refused (413) as soon as it passes the limit. A route that never reads its body never receives it. Uploads of prompts (``PUT …/rounds/{n}/update``, ``PUT …/prompts/0``) may
 be up to FEDPROMPT_MAX_UPLOAD_BYTES; every other body up to FEDPROMPT_MAX_REQUEST_BYTES.
 """
 
@@ -11,10 +11,7 @@ from __future__ import annotations
 import re
 
 from fastapi import HTTPException
-from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from coordinator.api.problems import problem
 
 UPLOAD_PATH = re.compile(r"^/api/v1/federations/[^/]+/(?:rounds/[^/]+/update|prompts/0)/?$")
 
@@ -40,20 +37,18 @@ class BodyLimitMiddleware:
         upload = scope["method"] == "PUT" and bool(UPLOAD_PATH.match(scope["path"]))
         limit = self.upload_limit if upload else self.request_limit
         declared = _content_length(scope)
-        if declared is not None and declared > limit:
-            response = problem(413, "Payload too large", _too_large(declared, limit, upload), Request(scope))
-            response.headers["Connection"] = "close"  # the unread body makes the connection unusable
-            await response(scope, receive, send)
-            return
         received = 0
 
         async def limited_receive() -> Message:
+            # Raised inside the route's body read, so the app's handler answers 413 problem+json and
+            # the request has been routed (logs and metrics see which route it was).
             nonlocal received
+            if declared is not None and declared > limit:
+                raise HTTPException(413, _too_large(declared, limit, upload))  # not a byte read
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    # Raised inside the route's body read: the app's handler answers 413 problem+json.
                     raise HTTPException(413, _too_large(None, limit, upload))
             return message
 

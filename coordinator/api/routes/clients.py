@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from coordinator.api.deps import AdminDep, EnrolmentDep, IdPath, ServiceDep
 from coordinator.api.problems import API_ERRORS, problem_responses
+from coordinator.api.schemas import ClientInfo, Enrolled, EnrolmentToken
 from coordinator.db import MAX_ID
 
 router = APIRouter(prefix="/api/v1/federations/{fid}", tags=["clients"], responses=API_ERRORS)
@@ -33,7 +34,7 @@ class EnrollRequest(BaseModel):
     info: dict[str, Any] = Field(default_factory=dict, description="e.g. model_fingerprint, device")
 
 
-@router.post("/enrollment-tokens", status_code=201, dependencies=[AdminDep])
+@router.post("/enrollment-tokens", status_code=201, dependencies=[AdminDep], response_model=EnrolmentToken)
 def create_token(fid: IdPath, service: ServiceDep, body: TokenRequest | None = None) -> dict[str, Any]:
     """Issue an enrolment token; it is shown only in this response."""
     body = body or TokenRequest()
@@ -42,7 +43,10 @@ def create_token(fid: IdPath, service: ServiceDep, body: TokenRequest | None = N
 
 
 @router.post(
-    "/clients", status_code=201, responses=problem_responses(409, e409="the model's fingerprint differs")
+    "/clients",
+    status_code=201,
+    response_model=Enrolled,
+    responses=problem_responses(409, e409="the model's fingerprint differs"),
 )
 def enroll(fid: IdPath, body: EnrollRequest, token: EnrolmentDep, service: ServiceDep) -> dict[str, Any]:
     """Enrol with an enrolment token (Bearer); returns a client id and a client token, shown once."""
@@ -57,7 +61,7 @@ def enroll(fid: IdPath, body: EnrollRequest, token: EnrolmentDep, service: Servi
     }
 
 
-@router.get("/clients", dependencies=[AdminDep])
+@router.get("/clients", dependencies=[AdminDep], response_model=list[ClientInfo])
 def list_clients(fid: IdPath, service: ServiceDep) -> list[dict[str, Any]]:
     """Every enrolled client with its activity."""
     return service.list_clients(fid)

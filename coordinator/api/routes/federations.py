@@ -17,6 +17,7 @@ from coordinator.api.deps import (
     read_limited_body,
 )
 from coordinator.api.problems import API_ERRORS, problem_responses
+from coordinator.api.schemas import Event, FederationStatus, InitialPrompt
 from coordinator.db import MAX_ID
 from coordinator.errors import Invalid
 from coordinator.service import validate_spec
@@ -25,7 +26,7 @@ from shared.spec import FederationSpec
 router = APIRouter(prefix="/api/v1/federations", tags=["federations"], responses=API_ERRORS)
 
 
-@router.post("", status_code=201, dependencies=[AdminDep])
+@router.post("", status_code=201, dependencies=[AdminDep], response_model=FederationStatus)
 def create_federation(
     service: ServiceDep,
     settings: SettingsDep,
@@ -47,31 +48,41 @@ def create_federation(
     return service.federation_status(fed.id)
 
 
-@router.get("", dependencies=[AdminDep])
+@router.get("", dependencies=[AdminDep], response_model=list[FederationStatus])
 def list_federations(service: ServiceDep) -> list[dict[str, Any]]:
     """Every federation with its status."""
     return service.list_federations()
 
 
-@router.get("/{fid}", dependencies=[AdminDep])
+@router.get("/{fid}", dependencies=[AdminDep], response_model=FederationStatus)
 def federation_status(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
     """State, current round, clients and latest metrics."""
     return service.federation_status(fid)
 
 
-@router.post("/{fid}/pause", dependencies=[AdminDep], responses=problem_responses(409))
+@router.post(
+    "/{fid}/pause",
+    dependencies=[AdminDep],
+    response_model=FederationStatus,
+    responses=problem_responses(409),
+)
 def pause(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
     """Stop opening rounds automatically (the open round still finishes)."""
     return service.set_paused(fid, True)
 
 
-@router.post("/{fid}/resume", dependencies=[AdminDep], responses=problem_responses(409))
+@router.post(
+    "/{fid}/resume",
+    dependencies=[AdminDep],
+    response_model=FederationStatus,
+    responses=problem_responses(409),
+)
 def resume(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
     """Open rounds automatically again."""
     return service.set_paused(fid, False)
 
 
-@router.get("/{fid}/events", dependencies=[AdminDep])
+@router.get("/{fid}/events", dependencies=[AdminDep], response_model=list[Event])
 def events(
     fid: IdPath, service: ServiceDep, after: int = Query(0, ge=0, le=MAX_ID), limit: int = 200
 ) -> list[dict[str, Any]]:
@@ -108,6 +119,7 @@ def get_prompt(fid: IdPath, version: str, service: ServiceDep, who: EitherDep, r
     "/{fid}/prompts/0",
     dependencies=[AdminDep],
     status_code=200,
+    response_model=InitialPrompt,
     responses=problem_responses(409, e409="round 1 has already opened"),
     openapi_extra=SAFETENSORS_BODY,
 )

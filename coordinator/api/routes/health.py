@@ -7,18 +7,23 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from coordinator.api.deps import MetricsDep, ServiceDep, SettingsDep
+from coordinator.api.schemas import Health
 from coordinator.migrate import schema_is_current
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
+@router.get("/healthz", response_model=Health)
 def healthz() -> dict[str, str]:
     """The process is alive."""
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz",
+    response_model=Health,
+    responses={503: {"model": Health, "description": "the database is unreachable or behind"}},
+)
 def readyz(service: ServiceDep, settings: SettingsDep) -> JSONResponse:
     """The database answers and its schema is at the migrations' head."""
     try:

@@ -21,6 +21,7 @@ from coordinator.api.deps import (
     read_limited_body,
 )
 from coordinator.api.problems import API_ERRORS, problem_responses
+from coordinator.api.schemas import EvaluationStored, EvaluationSummary, RoundSummary, Task, UploadReceipt
 from coordinator.db import MAX_ID
 
 router = APIRouter(prefix="/api/v1/federations/{fid}", tags=["rounds"], responses=API_ERRORS)
@@ -30,6 +31,7 @@ router = APIRouter(prefix="/api/v1/federations/{fid}", tags=["rounds"], response
     "/rounds",
     status_code=201,
     dependencies=[AdminDep],
+    response_model=RoundSummary,
     responses=problem_responses(409, e409="a round is open, all rounds are done, or too few clients"),
 )
 def open_round(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
@@ -40,6 +42,7 @@ def open_round(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
 @router.post(
     "/rounds/{number}/close",
     dependencies=[AdminDep],
+    response_model=RoundSummary,
     responses=problem_responses(409, e409="the round is not open, or it is below its quorum"),
 )
 def close_round(fid: IdPath, number: IdPath, service: ServiceDep) -> dict[str, Any]:
@@ -47,25 +50,29 @@ def close_round(fid: IdPath, number: IdPath, service: ServiceDep) -> dict[str, A
     return service.close_round(fid, number)
 
 
-@router.get("/rounds", dependencies=[AdminDep])
+@router.get("/rounds", dependencies=[AdminDep], response_model=list[RoundSummary])
 def list_rounds(fid: IdPath, service: ServiceDep) -> list[dict[str, Any]]:
     """Round history: every attempt with participants, timings, bytes and metrics."""
     return service.rounds(fid)
 
 
-@router.get("/rounds/{number}", dependencies=[AdminDep])
+@router.get("/rounds/{number}", dependencies=[AdminDep], response_model=RoundSummary)
 def get_round(fid: IdPath, number: IdPath, service: ServiceDep) -> dict[str, Any]:
     """One round (its latest attempt)."""
     return service.round_detail(fid, number)
 
 
-@router.get("/evaluations/{version}", dependencies=[AdminDep])
+@router.get("/evaluations/{version}", dependencies=[AdminDep], response_model=EvaluationSummary | None)
 def get_evaluation(fid: IdPath, version: IdPath, service: ServiceDep) -> dict[str, Any] | None:
     """Sample-weighted evaluation of a prompt version over the clients that reported (null if none)."""
     return service.evaluations(fid, version)
 
 
-@router.get("/task", responses={204: {"description": "nothing to do yet; poll again after Retry-After"}})
+@router.get(
+    "/task",
+    response_model=Task,
+    responses={204: {"description": "nothing to do yet; poll again after Retry-After"}},
+)
 async def task(
     fid: IdPath,
     client: ClientDep,
@@ -94,7 +101,7 @@ async def task(
 @router.put(
     "/rounds/{number}/update",
     responses={
-        200: {"description": "identical re-upload"},
+        200: {"description": "identical re-upload", "model": UploadReceipt},
         201: {"description": "accepted and committed"},
         **problem_responses(
             403,
@@ -110,6 +117,7 @@ async def task(
         ),
     },
     status_code=201,
+    response_model=UploadReceipt,
     openapi_extra=SAFETENSORS_BODY,
 )
 async def upload(
@@ -150,7 +158,12 @@ class EvaluationReport(BaseModel):
     metrics: dict[str, float] = Field(default_factory=dict)
 
 
-@router.post("/rounds/{number}/evaluation", status_code=201)
+@router.post(
+    "/rounds/{number}/evaluation",
+    status_code=201,
+    response_model=EvaluationStored,
+    responses={200: {"description": "already reported", "model": EvaluationStored}},
+)
 def report_evaluation(
     fid: IdPath, number: IdPath, report: EvaluationReport, client: ClientDep, service: ServiceDep
 ) -> JSONResponse:
