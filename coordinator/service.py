@@ -218,6 +218,7 @@ class Coordinator:
                 [(n, st or {}) for n, st in closed],
                 params_per_client=spec.params_communicated(),
                 params_full_model=spec.params_full_model,
+                per_client=_traffic_per_client(s, fid),
             )
             if spec.privacy is not None:
                 spent = _epsilon_spent(s, fid)
@@ -987,6 +988,32 @@ def _decoded_updates(s: Session, rnd: Round, *, canonical: bool) -> Iterator[tup
         )
         for uid, num_samples in chunk:
             yield wire.decode(blobs.pop(uid))[0], float(num_samples)
+
+
+def _traffic_per_client(s: Session, fid: int) -> dict[int, dict[str, int]]:
+    """Per client: updates stored and their bytes, prompt downloads by participants and their bytes."""
+    up = (
+        select(Update.client_id, func.count(), func.coalesce(func.sum(Update.size), 0))
+        .join(Round, Round.id == Update.round_id)
+        .where(Round.federation_id == fid)
+        .group_by(Update.client_id)
+    )
+    down = (
+        select(Participant.client_id, func.count(), func.coalesce(func.sum(Participant.downloaded_bytes), 0))
+        .join(Round, Round.id == Participant.round_id)
+        .where(Round.federation_id == fid, Participant.downloaded_bytes > 0)
+        .group_by(Participant.client_id)
+    )
+    out: dict[int, dict[str, int]] = {}
+    for cid, n, size in s.execute(up).all():
+        out.setdefault(cid, {"uploads": 0, "bytes_up": 0, "downloads": 0, "bytes_down": 0}).update(
+            uploads=int(n), bytes_up=int(size)
+        )
+    for cid, n, size in s.execute(down).all():
+        out.setdefault(cid, {"uploads": 0, "bytes_up": 0, "downloads": 0, "bytes_down": 0}).update(
+            downloads=int(n), bytes_down=int(size)
+        )
+    return out
 
 
 def _count_per_client(s: Session, table: type[Participant] | type[Update], fid: int) -> dict[int, int]:

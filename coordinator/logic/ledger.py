@@ -32,9 +32,16 @@ def round_entry(number: int, stats: Mapping[str, Any], params_per_client: int) -
 
 
 def ledger(
-    rounds: Iterable[tuple[int, Mapping[str, Any]]], *, params_per_client: int, params_full_model: int | None
+    rounds: Iterable[tuple[int, Mapping[str, Any]]],
+    *,
+    params_per_client: int,
+    params_full_model: int | None,
+    per_client: Mapping[int, Mapping[str, int]] | None = None,
 ) -> dict[str, Any]:
-    """Per-round entries plus federation totals and the ratio to full fine-tuning of the same model."""
+    """Per-round and per-client entries, federation totals and the ratio to full fine-tuning of the model.
+
+    ``per_client`` maps a client id to its uploads, bytes_up, downloads and bytes_down (all rounds).
+    """
     entries = [round_entry(n, stats, params_per_client) for n, stats in rounds]
     totals = {
         key: sum(e[key] for e in entries) for key in ("bytes_up", "bytes_down", "params_up", "params_down")
@@ -50,5 +57,13 @@ def ledger(
             else None
         ),
         "rounds": entries,
+        "clients": {
+            str(cid): {
+                **dict(row),
+                "params_up": int(row.get("uploads", 0)) * params_per_client,
+                "params_down": int(row.get("downloads", 0)) * params_per_client,
+            }
+            for cid, row in sorted((per_client or {}).items())
+        },
         "totals": totals,
     }

@@ -148,6 +148,12 @@ def test_round_closes_with_ledger_and_exports_as_peft(api: TestClient, world: di
     ]
     assert ledger["rounds"][0]["bytes_up"] > 4 * per_client * 2
     assert ledger["totals"]["params_up"] == 2 * per_client
+    assert len(ledger["clients"]) == 2
+    for row in ledger["clients"].values():  # each client downloaded version 0 and uploaded once
+        assert row["uploads"] == row["downloads"] == 1
+        assert row["params_up"] == row["params_down"] == per_client
+        assert row["bytes_up"] > 4 * per_client and row["bytes_down"] > 0
+    assert sum(r["bytes_up"] for r in ledger["clients"].values()) == ledger["totals"]["bytes_up"]
 
     resp = api.get(f"/api/v1/federations/{fid}/export?format=peft&version=latest", headers=ADMIN_H)
     assert resp.status_code == 200 and resp.headers["content-type"] == "application/zip"
