@@ -42,7 +42,8 @@ def create_federation(
     if size > settings.max_upload_bytes:
         raise Invalid(
             f"the prompt would be {size} bytes, over this coordinator's upload limit of "
-            f"{settings.max_upload_bytes} bytes (FEDPROMPT_MAX_UPLOAD_BYTES); use fewer virtual tokens"
+            f"{settings.max_upload_bytes} bytes (FEDPROMPT_MAX_UPLOAD_BYTES); use fewer virtual tokens, "
+            f"a smaller prompt encoder (encoder_hidden_size) or another method"
         )
     fed = service.create_federation(parsed)
     return service.federation_status(fed.id)
