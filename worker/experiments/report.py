@@ -116,7 +116,9 @@ def pivot(config: ExperimentConfig, records: list[dict[str, Any]]) -> str:
     for combo in col_combos:
         prefix = " ".join(f"{k}={v}" for k, v in zip(spec.columns, combo, strict=True))
         header += [f"{prefix} {LABELS.get(m, m)}".strip() for m in spec.metrics]
-    header.append("paper")
+    with_paper = bool(config.paper or config.paper_note)
+    if with_paper:
+        header.append("paper")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     by_cell = {r["cell"]: r for r in records}
     for combo in row_combos:
@@ -134,8 +136,9 @@ def pivot(config: ExperimentConfig, records: list[dict[str, Any]]) -> str:
                 row.append(_fmt(m, _mean(vals)) if vals else "–")
         if not any_cell:
             continue
-        paper = [p.value for p in config.paper if matches({**config.base, **row_match}, p.match)]
-        row.append(paper[0] if paper else config.paper_note)
+        if with_paper:
+            paper = [p.value for p in config.paper if matches({**config.base, **row_match}, p.match)]
+            row.append(paper[0] if paper else config.paper_note)
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -174,6 +177,7 @@ def section(
         config.description.strip(),
         "",
         f"- Status: {status}; wall time of the cells run: {wall / 60:.1f} min.",
+        *_clean_asr_line(done),
         f"- Command: `{command_of(config_path)}` then `fedprompt experiment report`.",
         f"- Sizes: {sizes(config)}; seeds {config.seeds}.",
         f"- Grid: {', '.join(f'{k} ∈ {v}' for k, v in config.grid.items()) or '—'}"
@@ -185,6 +189,19 @@ def section(
     ]
     out += [f"![{config.name}]({f})" for f in figures]
     return "\n".join(line for line in out if line is not None).replace("\n\n\n", "\n\n")
+
+
+def _clean_asr_line(done: list[dict[str, Any]]) -> list[str]:
+    """One line with the starting prompt's ASR and accuracy when every finished cell shares them."""
+    pairs = {(r["metrics"].get("initial_asr"), r["metrics"].get("initial_accuracy")) for r in done}
+    if len(pairs) != 1:
+        return []
+    asr, acc = next(iter(pairs))
+    if asr is None or acc is None:
+        return []
+    return [
+        f"- Every cell starts from the same prompt: accuracy {100 * acc:.1f} %, clean ASR {100 * asr:.1f} % (round 0)."
+    ]
 
 
 def _cell_for(config: ExperimentConfig, pattern: dict[str, Any]) -> Cell | None:
