@@ -10,7 +10,9 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-from coordinator.db import Client, Update, make_engine, make_sessionmaker
+from sqlalchemy import select
+
+from coordinator.db import Client, Round, Update, make_engine, make_sessionmaker
 from coordinator.migrate import upgrade
 from coordinator.service import Coordinator
 from shared import wire
@@ -45,9 +47,7 @@ def _prepare(path: Path, blobs: list[bytes]) -> tuple[int, int]:
     detail = service.open_round(fid)
     ids = sorted(p["client_id"] for p in detail["participants"])
     with service.sessions() as s, s.begin():
-        rid = s.scalar(
-            __import__("sqlalchemy").text("select id from rounds where federation_id = :f"), {"f": fid}
-        )
+        rid = s.scalar(select(Round.id).where(Round.federation_id == fid))
         for cid, blob in zip(ids, blobs, strict=True):
             meta = wire.read_metadata(blob)
             s.add(

@@ -82,9 +82,9 @@ def fedavg_stream(updates: Iterable[tuple[Tensors, float]], total_weight: float)
     scale = np.zeros(STREAM_BLOCK, dtype=np.float64)
     filled, seen = 0, 0.0
 
-    def flush(n: int) -> None:  # acc += scale · block: one matrix-vector product per block (float64)
+    def flush(n: int) -> None:  # acc += scale · block, float64; einsum, not BLAS: one thread, same sums
         for name, target in acc.items():
-            target += (scale[:n] @ block[name][:n]).reshape(target.shape)
+            target += np.einsum("i,ij->j", scale[:n], block[name][:n]).reshape(target.shape)
 
     for i, (tensors, weight) in enumerate(updates):
         if not like:
