@@ -72,7 +72,9 @@ class CoordinatorClient:
             except ValueError:
                 problem = {"detail": resp.text[:500]}
             raise ApiError(
-                resp.status_code, problem if isinstance(problem, dict) else {"detail": str(problem)}
+                resp.status_code,
+                problem if isinstance(problem, dict) else {"detail": str(problem)},
+                retry_after=_retry_after(resp.headers.get("retry-after")),
             )
         return resp
 
@@ -181,3 +183,12 @@ class CoordinatorClient:
     def report_evaluation(self, fid: int, number: int, report: dict[str, Any]) -> dict[str, Any]:
         """Report metrics of the prompt produced by round `number`."""
         return self._call("POST", f"{API}/federations/{fid}/rounds/{number}/evaluation", json=report).json()
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds of a Retry-After header given in seconds (the coordinator's form); None otherwise."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and seconds >= 0 else None
