@@ -21,6 +21,7 @@ import contextlib
 import socket
 import tempfile
 import threading
+import time
 import typing
 from pathlib import Path
 from typing import Any
@@ -150,7 +151,18 @@ def measure_round(url: str, method: str, hidden: int, layers: int, heads: int) -
             "base_version": str(task["version"]),
             "round": str(task["round"]),
             "num_samples": "100",
-            "metrics": {"loss": 0.69, "last_loss": 0.68, "seconds": 12.3},
+            "metrics": {
+                "loss": 0.6931471805599453,
+                "last_loss": 0.6789012345678901,
+                "seconds": 12.345678901234,
+            },
+            # what worker/agent.py stamps into every update
+            "timing": {
+                "task_received_at": time.time(),
+                "download_s": 0.012345678901234,
+                "slot_wait_s": 0.000123456789012,
+                "trained_at": time.time(),
+            },
         }
         blob = wire.encode(tensors, meta)
         c.upload(fid, task["round"], blob)
