@@ -23,7 +23,9 @@ def _f(x: Any, fmt: str = "{:.2f}") -> str:
 
 
 def _ms(x: Any) -> str:
-    return "–" if x is None else f"{x * 1e3:.0f} ms" if x < 10 else f"{x:.1f} s"
+    if x is None:
+        return "–"
+    return f"{x * 1e3:.2f} ms" if x < 0.01 else f"{x * 1e3:.0f} ms" if x < 10 else f"{x:.1f} s"
 
 
 def _machine(doc: dict[str, Any]) -> str:
@@ -184,8 +186,8 @@ def render(text: str, results: Path) -> str:
         if not path.exists():
             continue
         table = fn(json.loads(path.read_text()))
-        pattern = re.compile(rf"(<!-- bench:{name} -->\n).*?(\n<!-- /bench:{name} -->)", re.S)
-        text = pattern.sub(lambda m, t=table: m.group(1) + t + m.group(2), text)
+        pattern = re.compile(rf"(<!-- bench:{name} -->\n)(?:.*?\n)?(<!-- /bench:{name} -->)", re.S)
+        text = pattern.sub(lambda m, t=table: m.group(1) + t + "\n" + m.group(2), text)
     return text
 
 
