@@ -176,7 +176,7 @@ def section(
         "",
         config.description.strip(),
         "",
-        f"- Status: {status}; wall time of the cells run: {wall / 60:.1f} min.",
+        f"- Status: {status}" + (f"; wall time of the cells run: {wall / 60:.1f} min." if done else "."),
         *_clean_asr_line(done),
         f"- Command: `{command_of(config_path)}` then `fedprompt experiment report`.",
         f"- Sizes: {sizes(config)}; seeds {config.seeds}.",
