@@ -8,6 +8,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coordinator.errors import ServiceError
@@ -36,7 +38,11 @@ DESCRIPTIONS = {
     413: "the request body is over the limit",
     422: "the request is not valid",
     429: "too many enrolments or failed authentications from this address; see Retry-After",
+    503: "the database is overloaded or unreachable; nothing was changed, retry after Retry-After",
 }
+
+# Seconds a client is asked to wait when the database cannot serve the request now.
+DB_RETRY_AFTER_S = 2
 
 
 def problem_responses(*codes: int, **descriptions: str) -> dict[int | str, dict[str, Any]]:
@@ -50,7 +56,7 @@ def problem_responses(*codes: int, **descriptions: str) -> dict[int | str, dict[
 
 
 # What every route under /api/v1 may answer; routes add 409 / 410 where they can conflict.
-API_ERRORS = problem_responses(400, 401, 403, 404, 413, 422, 429)
+API_ERRORS = problem_responses(400, 401, 403, 404, 413, 422, 429, 503)
 
 
 def document(app: FastAPI) -> None:
@@ -103,6 +109,23 @@ def install(app: FastAPI) -> None:
     async def _service(request: Request, exc: ServiceError) -> JSONResponse:
         headers = getattr(exc, "headers", None)  # e.g. Retry-After of a 429
         return problem(exc.status, exc.title, exc.detail, request, headers, **exc.extra)
+
+    @app.exception_handler(PoolTimeout)
+    @app.exception_handler(OperationalError)
+    async def _database_busy(request: Request, exc: Exception) -> JSONResponse:
+        # Pool exhausted, SQLite busy past its timeout, Postgres unreachable: the transaction was
+        # rolled back, so the request can be repeated as it is.
+        reason = (
+            "no database connection was free in time" if isinstance(exc, PoolTimeout) else "database error"
+        )
+        return problem(
+            503,
+            "Service unavailable",
+            f"{reason}; nothing was changed: retry in {DB_RETRY_AFTER_S} s",
+            request,
+            {"Retry-After": str(DB_RETRY_AFTER_S)},
+            retry_after=DB_RETRY_AFTER_S,
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
