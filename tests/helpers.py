@@ -29,6 +29,28 @@ SMALL_SPEC: dict[str, Any] = {
     "rounds": 3,
     "fraction": 1.0,
 }
+ADMIN_AUTH = {"Authorization": f"Bearer {ADMIN}"}
+
+
+def federation_with_clients(
+    api: Any, n: int, *, spec: dict[str, Any] | None = None, prefix: str = "site-"
+) -> tuple[int, str, list[dict[str, Any]]]:
+    """Create a federation through the API (a TestClient or httpx client) and enrol n clients.
+
+    Returns (federation id, enrolment token, the enrolment answers with client_id and token)."""
+    fid = api.post("/api/v1/federations", json=spec or SMALL_SPEC, headers=ADMIN_AUTH).json()["id"]
+    enrol = api.post(f"/api/v1/federations/{fid}/enrollment-tokens", json={}, headers=ADMIN_AUTH).json()[
+        "token"
+    ]
+    clients = [
+        api.post(
+            f"/api/v1/federations/{fid}/clients",
+            json={"name": f"{prefix}{i}", "num_samples": 5},
+            headers={"Authorization": f"Bearer {enrol}"},
+        ).json()
+        for i in range(n)
+    ]
+    return fid, enrol, clients
 
 
 def random_tensors(spec: FederationSpec | dict[str, Any], seed: int) -> dict[str, np.ndarray]:

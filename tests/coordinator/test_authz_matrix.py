@@ -13,7 +13,7 @@ from coordinator.app import create_app
 from coordinator.config import Settings
 from coordinator.migrate import upgrade
 from tests.coordinator.test_api import snapshot
-from tests.helpers import ADMIN, SMALL_SPEC, update_blob
+from tests.helpers import ADMIN, SMALL_SPEC, federation_with_clients, update_blob
 
 PUBLIC, ADMIN_ONLY, CLIENT, EITHER, ENROL = "public", "admin", "client", "either", "enrol"
 
@@ -62,23 +62,9 @@ def world(tmp_path) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
     upgrade(url)
     app = create_app(Settings(database_url=url, admin_token=ADMIN, data_dir=tmp_path), sweep=False)
     with TestClient(app) as api:
-        admin = {"Authorization": f"Bearer {ADMIN}"}
         ids, tokens = [], []
         for name in ("a", "b"):
-            fid = api.post("/api/v1/federations", json={**SMALL_SPEC, "name": name}, headers=admin).json()[
-                "id"
-            ]
-            enrol = api.post(f"/api/v1/federations/{fid}/enrollment-tokens", json={}, headers=admin).json()[
-                "token"
-            ]
-            clients = [
-                api.post(
-                    f"/api/v1/federations/{fid}/clients",
-                    json={"name": f"{name}{i}", "num_samples": 5},
-                    headers={"Authorization": f"Bearer {enrol}"},
-                ).json()
-                for i in range(2)
-            ]
+            fid, _, clients = federation_with_clients(api, 2, spec={**SMALL_SPEC, "name": name}, prefix=name)
             ids.append(fid)
             tokens.append(clients)
         yield {"api": api, "fid": ids[0], "clients": tokens[0], "other": tokens[1][0]}

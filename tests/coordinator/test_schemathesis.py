@@ -27,7 +27,7 @@ from schemathesis.specs.openapi.checks import (
 from coordinator.app import create_app
 from coordinator.config import Settings
 from coordinator.migrate import upgrade
-from tests.helpers import ADMIN, SMALL_SPEC
+from tests.helpers import ADMIN, federation_with_clients
 
 EXAMPLES = int(os.environ.get("FEDPROMPT_SCHEMATHESIS_EXAMPLES", "25"))
 CHECKS = [not_a_server_error, response_schema_conformance, status_code_conformance, content_type_conformance]
@@ -58,18 +58,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     app = _app(url, folder)
     with TestClient(app) as api:
         admin = {"Authorization": f"Bearer {ADMIN}"}
-        fid = api.post("/api/v1/federations", json=SMALL_SPEC, headers=admin).json()["id"]
-        enrol = api.post(f"/api/v1/federations/{fid}/enrollment-tokens", json={}, headers=admin).json()[
-            "token"
-        ]
-        clients = [
-            api.post(
-                f"/api/v1/federations/{fid}/clients",
-                json={"name": f"site-{i}", "num_samples": 5},
-                headers={"Authorization": f"Bearer {enrol}"},
-            ).json()
-            for i in range(3)
-        ]
+        fid, enrol, clients = federation_with_clients(api, 3)
         # min_clients is 2 and auto_advance is on: enrolment opened round 1.
         assert api.get(f"/api/v1/federations/{fid}/rounds/1", headers=admin).json()["state"] == "open"
         yield {

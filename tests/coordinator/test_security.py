@@ -27,7 +27,7 @@ from coordinator.migrate import upgrade
 from coordinator.service import hash_token
 from tests.coordinator.test_api import snapshot
 from tests.coordinator.test_authz_matrix import ADMIN_ONLY, CLIENT, EITHER, ENROL, PUBLIC, ROUTES
-from tests.helpers import ADMIN, SMALL_SPEC, update_blob
+from tests.helpers import ADMIN, SMALL_SPEC, federation_with_clients, update_blob
 
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN}"}
 SCOPE_OF = {
@@ -52,18 +52,7 @@ def world(tmp_path: Path) -> Iterator[dict[str, Any]]:
     )
     app = create_app(settings, sweep=False)
     with TestClient(app) as api:
-        fid = api.post("/api/v1/federations", json=SMALL_SPEC, headers=ADMIN_HEADERS).json()["id"]
-        enrol = api.post(
-            f"/api/v1/federations/{fid}/enrollment-tokens", json={}, headers=ADMIN_HEADERS
-        ).json()["token"]
-        clients = [
-            api.post(
-                f"/api/v1/federations/{fid}/clients",
-                json={"name": f"site-{i}", "num_samples": 5},
-                headers={"Authorization": f"Bearer {enrol}"},
-            ).json()
-            for i in range(2)
-        ]
+        fid, enrol, clients = federation_with_clients(api, 2)
         yield {"api": api, "app": app, "fid": fid, "enrol": enrol, "clients": clients}
 
 
