@@ -243,4 +243,6 @@ def test_dashboard_follows_rounds_live_and_closes_a_round(browser: Browser, tmp_
         (2, "all-uploaded"),
         (3, "operator"),
     ]
-    assert all(e.get("request_id") for e in closed)  # each was caused by a request
+    # The operator's close carries its request's id; an all-uploaded close is made by the last
+    # upload's request or, when the sweeper gets there first, by the background sweep (no request).
+    assert closed[-1].get("request_id")

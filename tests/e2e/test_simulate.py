@@ -91,7 +91,15 @@ def test_simulate_writes_results_that_agree_with_the_coordinator(tmp_path: Path)
 def test_sigint_mid_round_leaves_no_process_and_rerun_continues(tmp_path: Path) -> None:
     out = tmp_path / "resume"
     cmd = _cmd(out, rounds=3, local_steps=20)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Ctrl-C's default action even when the test runner was started with SIGINT ignored (a
+    # background job): Python only installs its KeyboardInterrupt handler over SIG_DFL.
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         wait_for(
             lambda: (out / "fedprompt.db").exists() and (out / "simulation.json").exists(),
