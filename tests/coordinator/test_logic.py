@@ -25,6 +25,19 @@ def test_fedavg_is_independent_of_arrival_order() -> None:
         np.testing.assert_array_equal(fedavg([ups[i] for i in perm])["p"], ref)
 
 
+def test_fedavg_order_holds_when_updates_share_their_leading_values() -> None:
+    # equal weights and equal first elements: the order falls back to the whole content
+    rng = np.random.default_rng(1)
+    ups = []
+    for _ in range(6):
+        p = rng.standard_normal((20, 384)).astype(np.float32)
+        p[0, :] = 0.5
+        ups.append(({"p": p}, 7.0))
+    ref = fedavg(ups)["p"]
+    for perm in ([5, 4, 3, 2, 1, 0], [3, 0, 5, 1, 4, 2]):
+        np.testing.assert_array_equal(fedavg([ups[i] for i in perm])["p"], ref)
+
+
 def test_fedavg_accumulates_in_float64() -> None:
     big = {"p": np.array([1e8], dtype=np.float32)}
     small = {"p": np.array([1.0], dtype=np.float32)}
