@@ -128,6 +128,7 @@ class Agent:
         self.engine: Any = None
         self.spec: FederationSpec | None = None
         self.client: CoordinatorClient | None = None
+        self._last_prompt: tuple[int, str, bytes] | None = None  # (version, sha256, blob)
 
     # -- control ------------------------------------------------------------------------------
 
@@ -266,10 +267,15 @@ class Agent:
             self._stop.wait(5.0)
 
     def _download(self, version: int, sha256: str) -> bytes:
+        """The global prompt at `version`; the last one fetched is kept, so the version a worker
+        evaluates is not fetched again when the next round trains from it."""
         assert self.client is not None
+        if self._last_prompt is not None and self._last_prompt[:2] == (version, sha256):
+            return self._last_prompt[2]
         prompt = self._retry("download", lambda: self.client.prompt(self.config.federation_id, version))  # type: ignore[union-attr]
         if wire.sha256(prompt.blob) != sha256 or prompt.sha256 != sha256:
             raise ApiError(502, {"detail": f"prompt version {version} failed its sha256 check"})
+        self._last_prompt = (version, sha256, prompt.blob)
         return prompt.blob
 
     def _evaluate(self, task: dict[str, Any]) -> None:

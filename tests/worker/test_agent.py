@@ -175,3 +175,27 @@ def test_restart_resends_pending_update_before_polling_and_reuses_credentials(tm
     first_upload = next(i for i, c in enumerate(second.calls) if c.endswith("/update"))
     assert first_upload < first_poll
     assert list((tmp_path / "pending").iterdir()) == []
+
+
+class EvaluateThenTrain(FakeCoordinator):
+    """Asks for an evaluation of version 0, then a round that trains from the same version."""
+
+    def __init__(self) -> None:
+        super().__init__(fail_uploads=0)
+        self.evaluated = False
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/task") and not self.evaluated:
+            self.evaluated = True
+            return httpx.Response(200, json={"kind": "evaluate", "version": 0, "sha256": wire.sha256(self.initial)})
+        if request.url.path.endswith("/evaluation"):
+            return httpx.Response(200, json={"ok": True})
+        return super().__call__(request)
+
+
+def test_a_version_evaluated_is_not_downloaded_again_to_train(tmp_path: Path) -> None:
+    coordinator = EvaluateThenTrain()
+    agent = _agent(tmp_path, coordinator)
+    _run_until_done(agent)
+    assert agent.status.versions_evaluated == [0] and agent.status.rounds_trained == [1]
+    assert sum("/prompts/" in c for c in coordinator.calls) == 1
