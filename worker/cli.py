@@ -21,23 +21,50 @@ def serve(
     coordinator: Annotated[str, typer.Option(envvar="FEDPROMPT_COORDINATOR", help="Coordinator base URL.")],
     federation: Annotated[int, typer.Option(envvar="FEDPROMPT_FEDERATION", help="Federation id.")],
     data: Annotated[
-        str, typer.Option(help="Data set name (shared/datasets), folder, or CSV/TSV/JSONL file.")
+        str,
+        typer.Option(
+            envvar="FEDPROMPT_DATA", help="Data set name (shared/datasets), folder, or CSV/TSV/JSONL file."
+        ),
     ],
     enrollment_token: Annotated[
         str | None, typer.Option(envvar="FEDPROMPT_ENROLLMENT_TOKEN", help="Needed only for the first start.")
     ] = None,
-    name: Annotated[
-        str | None, typer.Option(help="Client name shown to the operator (default: host name).")
+    enrollment_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="FEDPROMPT_ENROLLMENT_TOKEN_FILE",
+            help="Read the enrolment token from this file (a mounted secret) instead.",
+        ),
     ] = None,
-    state_dir: Annotated[Path, typer.Option(help="Credentials and unacknowledged updates.")] = Path(
-        "worker-state"
-    ),
-    host: Annotated[str, typer.Option(help="Bind address of /healthz, /status, /metrics.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port of the worker's own API.")] = 8100,
-    partition: Annotated[str, typer.Option(help="iid | quantity:ALPHA | label:ALPHA (simulation).")] = "iid",
-    num_partitions: Annotated[int, typer.Option(min=1, help="K: into how many parts the data is cut.")] = 1,
-    partition_id: Annotated[int, typer.Option(min=0, help="Which part is this worker's.")] = 0,
-    seed: Annotated[int, typer.Option(help="Seed of partitioning and limits.")] = 0,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            envvar="FEDPROMPT_WORKER_NAME", help="Client name shown to the operator (default: host name)."
+        ),
+    ] = None,
+    state_dir: Annotated[
+        Path, typer.Option(envvar="FEDPROMPT_STATE_DIR", help="Credentials and unacknowledged updates.")
+    ] = Path("worker-state"),
+    host: Annotated[
+        str, typer.Option(envvar="FEDPROMPT_WORKER_HOST", help="Bind address of /healthz, /status, /metrics.")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(envvar="FEDPROMPT_WORKER_PORT", help="Port of the worker's own API.")
+    ] = 8100,
+    partition: Annotated[
+        str,
+        typer.Option(envvar="FEDPROMPT_PARTITION", help="iid | quantity:ALPHA | label:ALPHA (simulation)."),
+    ] = "iid",
+    num_partitions: Annotated[
+        int,
+        typer.Option(
+            envvar="FEDPROMPT_NUM_PARTITIONS", min=1, help="K: into how many parts the data is cut."
+        ),
+    ] = 1,
+    partition_id: Annotated[
+        int, typer.Option(envvar="FEDPROMPT_PARTITION_ID", min=0, help="Which part is this worker's.")
+    ] = 0,
+    seed: Annotated[int, typer.Option(envvar="FEDPROMPT_SEED", help="Seed of partitioning and limits.")] = 0,
     train_limit: Annotated[
         int | None, typer.Option(min=1, help="Use a seeded subset of the train split.")
     ] = None,
@@ -52,8 +79,12 @@ def serve(
     label_column: Annotated[str, typer.Option(help="Label column of a CSV/TSV/JSONL file.")] = "label",
     text_b_column: Annotated[str | None, typer.Option(help="Second text column (sentence pairs).")] = None,
     labels: Annotated[str | None, typer.Option(help="Comma-separated label names, in id order.")] = None,
-    device: Annotated[str, typer.Option(help="auto (CUDA when available) | cpu | cuda.")] = "auto",
-    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch.")] = None,
+    device: Annotated[
+        str, typer.Option(envvar="FEDPROMPT_DEVICE", help="auto (CUDA when available) | cpu | cuda.")
+    ] = "auto",
+    threads: Annotated[
+        int | None, typer.Option(envvar="FEDPROMPT_THREADS", min=1, help="CPU threads for torch.")
+    ] = None,
     poll_wait: Annotated[float, typer.Option(help="Long-poll seconds per task request.")] = 20.0,
     slots_dir: Annotated[
         Path | None, typer.Option(help="Shared lock folder limiting concurrent training.")
@@ -73,7 +104,7 @@ def serve(
     attack: Annotated[
         str, typer.Option(help="Malicious update before upload: none | boost:FACTOR | sign-flip[:FACTOR].")
     ] = "none",
-    log_level: Annotated[str, typer.Option(help="Log level.")] = "info",
+    log_level: Annotated[str, typer.Option(envvar="FEDPROMPT_LOG_LEVEL", help="Log level.")] = "info",
     log_format: LogFormatOption = "auto",
 ) -> None:
     """Enrol with the coordinator, then train and evaluate the global prompt on local data."""
@@ -96,6 +127,15 @@ def serve(
     from worker.data import DataError
     from worker.shards import ShardSpec, load_shard
 
+    if enrollment_token_file is not None:
+        try:
+            enrollment_token = enrollment_token_file.read_text().strip() or None
+        except OSError as exc:
+            typer.echo(f"error: cannot read the enrolment token file: {exc}", err=True)
+            raise typer.Exit(2) from None
+        if enrollment_token is None:
+            typer.echo(f"error: the enrolment token file {enrollment_token_file} is empty", err=True)
+            raise typer.Exit(2)
     if threads:
         import torch
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -106,7 +107,11 @@ def test_update_survives_coordinator_downtime(tmp_path: Path) -> None:
             )["id"]
             token = admin.create_enrollment_token(fid)
             a, a_url = start_worker(url, fid, token, 0, 2, tmp_path)
-            b, b_url = start_worker(url, fid, token, 1, 2, tmp_path)
+            token_file = tmp_path / "enrollment-token"  # as a mounted secret
+            token_file.write_text(token + "\n")
+            b, b_url = start_worker(
+                url, fid, None, 1, 2, tmp_path, extra=["--enrollment-token-file", str(token_file)]
+            )
             procs += [a, b]
             wait_for(
                 lambda: all((s := worker_status(u)) and s["state"] == "training" for u in (a_url, b_url)),
@@ -156,3 +161,18 @@ def test_malformed_data_file_fails_at_start_with_file_and_line(tmp_path: Path) -
     )
     assert done.returncode == 2
     assert f"{bad}:3" in done.stderr, done.stderr
+
+
+def test_options_come_from_the_environment_and_an_empty_token_file_is_refused(tmp_path: Path) -> None:
+    empty = tmp_path / "token"
+    empty.write_text("\n")
+    env = {
+        **os.environ,
+        "FEDPROMPT_COORDINATOR": "http://127.0.0.1:9",
+        "FEDPROMPT_FEDERATION": "1",
+        "FEDPROMPT_DATA": "sst2",
+        "FEDPROMPT_ENROLLMENT_TOKEN_FILE": str(empty),
+    }
+    done = subprocess.run([*worker_cmd(), "serve"], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2
+    assert f"the enrolment token file {empty} is empty" in done.stderr, done.stderr
