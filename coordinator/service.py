@@ -391,23 +391,23 @@ class Coordinator:
         return s.scalars(select(Round).where(Round.federation_id == fid, Round.state == "open")).first()
 
     def _available_clients(self, s: Session, fed: Federation, spec: FederationSpec) -> list[int]:
+        return list(s.scalars(select(Client.id).where(*self._availability(fed, spec))).all())
+
+    def _availability(self, fed: Federation, spec: FederationSpec) -> tuple[Any, ...]:
+        """Where-clauses of the clients that count as available now."""
         cutoff = self.clock() - spec.availability_timeout_s
-        return list(
-            s.scalars(
-                select(Client.id).where(
-                    Client.federation_id == fed.id, Client.revoked_at.is_(None), Client.last_seen_at >= cutoff
-                )
-            ).all()
-        )
+        return (Client.federation_id == fed.id, Client.revoked_at.is_(None), Client.last_seen_at >= cutoff)
 
     def _start_round(self, s: Session, fed: Federation, number: int, attempt: int) -> Round | None:
         """Open round `number` (attempt `attempt`) with a fresh seeded selection, if enough clients."""
         spec = self.spec_of(fed)
-        available = self._available_clients(s, fed, spec)
         needed = spec.min_clients if number > 1 else (spec.expected_clients or spec.min_clients)
-        if len(available) < needed:
+        # count first: while clients enrol one by one, each enrolment asks and most answers are "not yet"
+        available_now = self._availability(fed, spec)
+        if s.scalar(select(func.count(Client.id)).where(*available_now)) < needed:
             fed.state = "waiting"
             return None
+        available = list(s.scalars(select(Client.id).where(*available_now)).all())
         chosen = select_clients(
             available, spec.num_selected(len(available)), seed=spec.seed, round_number=number, attempt=attempt
         )
