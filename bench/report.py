@@ -92,10 +92,12 @@ def aggregation_table(doc: dict[str, Any]) -> str:
 
 def worker_table(doc: dict[str, Any]) -> str:
     """Engine vs bare loop."""
+    pairs = doc.get("paired_ratios")
     return (
-        "| engine steps/s | bare torch loop steps/s | ratio | blocks (engine) | blocks (bare) |\n|---|---|---|---|---|\n"
+        "| engine steps/s | bare torch loop steps/s | ratio (median of pairs) | pairs (bare s ÷ engine s) |\n"
+        "|---|---|---|---|\n"
         f"| {doc['engine_steps_per_s']:.3f} | {doc['bare_steps_per_s']:.3f} | **{doc['ratio']:.3f}×** | "
-        f"{', '.join(f'{x:.3f}' for x in doc['engine_blocks'])} | {', '.join(f'{x:.3f}' for x in doc['bare_blocks'])} |\n\n"
+        f"{', '.join(f'{x:.3f}' for x in pairs) if pairs else '–'} |\n\n"
         f"batch {doc['batch_size']}, max length {doc['max_length']}, {doc['steps_per_block']} steps per block, "
         f"{doc['threads']} torch threads, {doc['dataset']}.\n\n" + _machine(doc)
     )

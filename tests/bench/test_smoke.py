@@ -85,6 +85,7 @@ def test_worker_times_engine_and_bare_loop(tmp_path: Path) -> None:
     )
     doc = _result(tmp_path, "worker")
     assert doc["engine_steps_per_s"] > 0 and doc["bare_steps_per_s"] > 0 and doc["ratio"] > 0
+    assert len(doc["paired_ratios"]) == 1 and doc["ratio"] == doc["paired_ratios"][0]
 
 
 def _fake_simulate_db(path: Path) -> None:
