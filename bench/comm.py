@@ -5,8 +5,8 @@
 A real coordinator process (SQLite) on loopback; one client's traffic goes through a counting TCP
 proxy, so every byte of request and response (status lines, headers, bodies) is counted. The client
 is the workers' own ``CoordinatorClient`` and makes the calls a worker makes in one round:
-poll → train task, download the global prompt, upload the update, poll → evaluate task, download
-the new version, report the evaluation. Bodies are counted separately (httpx event hooks), so
+poll → train task (from the version it evaluated last, which it keeps: no download), upload the
+update, poll → evaluate task, download the new version, report the evaluation. Bodies are counted separately (httpx event hooks), so
 headers = wire − bodies.
 
 Baselines in the same run: the raw tensor bytes of the communicated prompt (float32), and a full
@@ -131,17 +131,25 @@ def measure_round(url: str, method: str, hidden: int, layers: int, heads: int) -
     a, b = clients
     a.http.event_hooks = {"request": [on_request], "response": [on_response]}
     rng = np.random.default_rng(0)
+    last: dict[int, tuple[int, bytes]] = {}  # per client: the last version fetched, as the worker keeps it
+
+    def fetch(c: CoordinatorClient, version: int) -> bytes:
+        if id(c) in last and last[id(c)][0] == version:
+            return last[id(c)][1]
+        blob = c.prompt(fid, version).blob
+        last[id(c)] = (version, blob)
+        return blob
 
     def evaluate(c: CoordinatorClient) -> None:
         task = c.task(fid, wait=30)  # the round closes in the background after the last upload
         assert task and task["kind"] == "evaluate", task
-        c.prompt(fid, task["version"])
+        fetch(c, task["version"])
         c.report_evaluation(fid, task["version"], {"num_samples": 50, "accuracy": 0.5, "loss": 0.7})
 
     def train(c: CoordinatorClient) -> bytes:
         task = c.task(fid)
         assert task and task["kind"] == "train", task
-        blob_in = c.prompt(fid, task["version"]).blob
+        blob_in = fetch(c, task["version"])  # the version this client just evaluated: no download
         tensors = {
             n: (t + rng.standard_normal(t.shape) * 0.01).astype(np.float32)
             for n, t in wire.decode(blob_in)[0].items()
@@ -186,7 +194,7 @@ def measure_round(url: str, method: str, hidden: int, layers: int, heads: int) -
         c.close()
     proxy.close()
     tensor_bytes = spec.prompt_bytes()
-    transfers = 3  # prompt down for training, update up, new version down for evaluation
+    transfers = 2  # update up, new version down for evaluation (training starts from the version evaluated)
     headers = (up - body_up) + (down - body_down)
     return {
         "method": method,
