@@ -180,7 +180,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     rec = Recorder()
     blobs = Blobs((args.tokens, args.hidden))
     stop = asyncio.Event()
-    # idle connections are dropped before uvicorn's 5 s keep-alive closes them (else a reuse races the close)
+    # idle connections are dropped long before the coordinator closes them (FEDPROMPT_KEEP_ALIVE_S, 30 s)
     limits = httpx.Limits(max_connections=60, max_keepalive_connections=60, keepalive_expiry=2.0)
     pools = [
         httpx.AsyncClient(base_url=args.url, limits=limits, timeout=120.0)

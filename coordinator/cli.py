@@ -79,6 +79,7 @@ def serve(
         log_level=log_level,
         log_config=None,  # keep the structlog handler; uvicorn's loggers propagate to it
         access_log=False,  # RequestContextMiddleware writes one access line per request instead
+        timeout_keep_alive=settings.keep_alive_s,
     )
 
 

@@ -58,6 +58,12 @@ class Settings(BaseSettings):
         1.0, gt=0, description="How often deadlines and round starts are checked."
     )
     long_poll_max_s: float = Field(30.0, ge=0)
+    keep_alive_s: float = Field(
+        30.0,
+        gt=0,
+        description="How long an idle HTTP connection is kept open; longer than clients keep theirs "
+        "(httpx: 5 s), so a client never reuses a connection the server is closing.",
+    )
     long_poll_interval_s: float = Field(0.25, gt=0)
 
     @classmethod

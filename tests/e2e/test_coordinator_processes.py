@@ -208,3 +208,31 @@ def test_oversized_upload_is_refused_before_the_body_is_read(tmp_path: Path) -> 
         assert reply.startswith("HTTP/1.1 413"), reply
         assert "application/problem+json" in reply
         assert admin.rounds(fid)[0]["participants"][0]["uploaded"] is False
+
+
+def test_idle_connections_outlive_the_clients_keep_alive(tmp_path: Path) -> None:
+    """httpx drops an idle connection after 5 s; the server must keep it longer, or a client that
+    reuses it at 5 s races the server's close (a reset instead of an answer)."""
+    import http.client
+
+    def get(conn: http.client.HTTPConnection) -> int:
+        conn.request("GET", "/healthz")
+        response = conn.getresponse()
+        response.read()
+        return response.status
+
+    db = f"sqlite:///{tmp_path / 'keepalive.db'}"
+    with coordinator_process(db, tmp_path) as (url, _):  # the default keep-alive
+        conn = http.client.HTTPConnection(url.removeprefix("http://"), timeout=10)
+        assert get(conn) == 200
+        first = conn.sock
+        time.sleep(6.5)  # past uvicorn's own default (5 s) and httpx's
+        assert get(conn) == 200 and conn.sock is first  # the same connection answered
+        conn.close()
+    with coordinator_process(db, tmp_path, extra_env={"FEDPROMPT_KEEP_ALIVE_S": "1"}) as (url, _):
+        conn = http.client.HTTPConnection(url.removeprefix("http://"), timeout=10)
+        assert get(conn) == 200
+        time.sleep(2.5)
+        with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
+            get(conn)  # the server closed the idle connection after 1 s
+        conn.close()

@@ -187,7 +187,9 @@ class EvaluateThenTrain(FakeCoordinator):
     def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/task") and not self.evaluated:
             self.evaluated = True
-            return httpx.Response(200, json={"kind": "evaluate", "version": 0, "sha256": wire.sha256(self.initial)})
+            return httpx.Response(
+                200, json={"kind": "evaluate", "version": 0, "sha256": wire.sha256(self.initial)}
+            )
         if request.url.path.endswith("/evaluation"):
             return httpx.Response(200, json={"ok": True})
         return super().__call__(request)
