@@ -89,9 +89,11 @@ def write_result(name: str, payload: dict[str, Any], *, out_dir: Path | None = N
     """Write bench/results/<name>.json with the command, the machine and its load at the end."""
     out = (out_dir or RESULTS) / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    module = spec.name if spec is not None and spec.name.startswith("bench.") else f"bench.{name}"
     doc = {
         "benchmark": name,
-        "command": " ".join([Path(sys.executable).name, "-m", f"bench.{name}", *sys.argv[1:]]),
+        "command": " ".join([Path(sys.executable).name, "-m", module, *sys.argv[1:]]),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": machine(),
         **payload,
