@@ -49,7 +49,8 @@ from coordinator.logic.aggregation import (
 from coordinator.logic.ledger import ledger
 from coordinator.logic.selection import select_clients
 from shared import export, wire
-from shared.spec import FederationSpec, initial_prompt
+from shared.privacy import gaussian_noise_multiplier, spent_epsilon
+from shared.spec import FederationSpec, PrivacySpec, initial_prompt
 
 # A poll within this many seconds of the client's last recorded one does not write last_seen_at again.
 HEARTBEAT_MIN_INTERVAL_S = 5.0
@@ -221,12 +222,7 @@ class Coordinator:
                 per_client=_traffic_per_client(s, fid),
             )
             if spec.privacy is not None:
-                spent = _epsilon_spent(s, fid)
-                out["privacy"] = {
-                    **spec.privacy.model_dump(),
-                    "cumulative_epsilon": {str(cid): eps for cid, eps in sorted(spent.items())},
-                    "max_cumulative_epsilon": max(spent.values(), default=0.0),
-                }
+                out["privacy"] = _privacy_record(s, fid, spec.privacy)
         return out
 
     def export_prompt(self, fid: int, version: str | int, fmt: str) -> tuple[str, bytes]:
@@ -566,7 +562,7 @@ class Coordinator:
         if local_asr:  # what malicious clients report of their own prompt
             stats["local_asr"] = local_asr
         if spec.privacy is not None:
-            stats["privacy"] = _privacy_stats(s, fed.id, spec, [u.client_id for u in updates])
+            stats["privacy"] = _privacy_record(s, fed.id, spec.privacy, [u.client_id for u in updates])
         rnd.stats = stats  # assigned whole: a JSON column does not track in-place changes
         rnd.state, rnd.result_version, rnd.closed_at, rnd.closed_by = "closed", version, now, by
         fed.latest_version, fed.updated_at = version, now
@@ -1027,29 +1023,28 @@ def _count_per_client(s: Session, table: type[Participant] | type[Update], fid: 
     return {cid: n for cid, n in s.execute(query).all()}
 
 
-def _epsilon_spent(s: Session, fid: int, client_ids: list[int] | None = None) -> dict[int, float]:
-    """Each client's cumulative epsilon: the per-round epsilons of every update it sent (basic composition)."""
-    query = select(Update.client_id, Update.metrics).join(Round, Round.id == Update.round_id)
-    query = query.where(Round.federation_id == fid)
-    if client_ids is not None:
-        query = query.where(Update.client_id.in_(client_ids))
-    spent: dict[int, float] = {}
-    for cid, metrics in s.execute(query).all():
-        eps = (metrics or {}).get("epsilon")
-        if isinstance(eps, int | float):
-            spent[cid] = spent.get(cid, 0.0) + float(eps)
-    return spent
-
-
-def _privacy_stats(s: Session, fid: int, spec: FederationSpec, client_ids: list[int]) -> dict[str, Any]:
-    """A round's LDP record: mechanism, per-round epsilon and bound, each uploader's cumulative epsilon."""
-    assert spec.privacy is not None
-    spent = _epsilon_spent(s, fid, client_ids)
+def _epsilon_spent(s: Session, fid: int, privacy: PrivacySpec) -> dict[int, float]:
+    """Each client's cumulative epsilon over every update it sent, whatever the update claims: the
+    federation's mechanism composed over that many releases (privacy.spent_epsilon)."""
     return {
-        "mechanism": spec.privacy.mechanism,
-        "epsilon": spec.privacy.epsilon,
-        "clip": spec.privacy.clip,
-        "cumulative_epsilon": {str(cid): spent.get(cid, 0.0) for cid in client_ids},
+        cid: spent_epsilon(privacy.mechanism, privacy.epsilon, privacy.delta, n)
+        for cid, n in _count_per_client(s, Update, fid).items()
+    }
+
+
+def _privacy_record(
+    s: Session, fid: int, privacy: PrivacySpec, client_ids: list[int] | None = None
+) -> dict[str, Any]:
+    """The LDP record shown in the status and each round's stats: the mechanism's settings (with the
+    Gaussian noise multiplier), each client's cumulative epsilon (only `client_ids` when given) and the largest."""
+    spent = _epsilon_spent(s, fid, privacy)
+    shown = sorted(spent) if client_ids is None else client_ids
+    record: dict[str, Any] = privacy.model_dump()
+    if privacy.mechanism == "gaussian":
+        assert privacy.delta is not None
+        record["noise_multiplier"] = gaussian_noise_multiplier(privacy.epsilon, privacy.delta)
+    return record | {
+        "cumulative_epsilon": {str(cid): spent.get(cid, 0.0) for cid in shown},
         "max_cumulative_epsilon": max(spent.values(), default=0.0),
     }
 

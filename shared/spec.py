@@ -27,12 +27,39 @@ class PrivacySpec(BaseModel):
     """Local differential privacy applied by every client to its update before upload."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    mechanism: Literal["laplace"] = Field(
+    mechanism: Literal["laplace", "gaussian"] = Field(
         "laplace",
-        description="laplace: clip the update's L1 norm to `clip`, add Laplace(clip/epsilon) noise.",
+        description="laplace: clip the update's L1 norm to `clip`, add Laplace(clip/epsilon) noise (ε-DP); "
+        "gaussian: clip its L2 norm to `clip`, add N(0, (σ·clip)²) noise with σ calibrated by the PRV "
+        "accountant for (epsilon, delta)-DP.",
     )
     epsilon: float = Field(..., gt=0, le=1e6, description="Privacy budget of one round's update.")
-    clip: float = Field(..., gt=0, le=1e6, description="L1 norm bound of an update (new - global prompt).")
+    delta: float | None = Field(
+        None, ge=1e-10, le=0.1, description="Gaussian only: the δ of each round's (ε, δ) guarantee."
+    )
+    clip: float = Field(
+        ...,
+        gt=0,
+        le=1e6,
+        description="Norm bound of an update (new - global prompt): L1 for laplace, L2 for gaussian.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> PrivacySpec:
+        if self.mechanism == "gaussian":
+            if self.delta is None:
+                raise ValueError(
+                    "the gaussian mechanism needs delta, e.g. 1e-5 (below 1 / the number of examples)"
+                )
+            if not 0.05 <= self.epsilon <= 100:
+                raise ValueError(
+                    f"the gaussian mechanism takes epsilon in [0.05, 100] per round; got {self.epsilon}"
+                )
+        elif self.delta is not None:
+            raise ValueError(
+                "delta applies to the gaussian mechanism only; the laplace mechanism is pure ε-DP"
+            )
+        return self
 
 
 class FederationSpec(BaseModel):

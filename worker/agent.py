@@ -23,10 +23,10 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, stop_never, w
 
 from shared import wire
 from shared.client import ApiError, CoordinatorClient
+from shared.privacy import gaussian_ldp, gaussian_noise_multiplier, laplace_ldp
 from shared.spec import FederationSpec
 from worker.data import Example
 from worker.poison import Backdoor
-from worker.privacy import laplace_ldp
 from worker.slots import training_slot
 from worker.state import Credentials, StateDir
 
@@ -371,13 +371,18 @@ class Agent:
             trained = backdoor.manipulate(trained, global_prompt)
         if privacy is not None:
             # fresh OS entropy: noise derived from a seed the coordinator knows could be subtracted
-            trained = laplace_ldp(
-                trained,
-                global_prompt,
-                bound=privacy.clip,
-                epsilon=privacy.epsilon,
-                rng=np.random.default_rng(),
-            )
+            rng = np.random.default_rng()
+            if privacy.mechanism == "gaussian":
+                assert privacy.delta is not None  # the spec refuses gaussian without delta
+                sigma = gaussian_noise_multiplier(privacy.epsilon, privacy.delta)
+                trained = gaussian_ldp(
+                    trained, global_prompt, bound=privacy.clip, noise_multiplier=sigma, rng=rng
+                )
+                metrics["noise_multiplier"] = sigma
+            else:
+                trained = laplace_ldp(
+                    trained, global_prompt, bound=privacy.clip, epsilon=privacy.epsilon, rng=rng
+                )
             metrics["epsilon"] = privacy.epsilon
         return trained
 

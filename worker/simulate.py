@@ -123,6 +123,28 @@ def parse_aggregation(text: str) -> dict[str, Any]:
     return {"name": name, "params": params}
 
 
+def privacy_spec(
+    mechanism: str, epsilon: float | None, clip: float | None, delta: float | None
+) -> dict[str, Any] | None:
+    """The federation's privacy block from the --ldp-* options (None: LDP off), validated by PrivacySpec."""
+    from pydantic import ValidationError
+
+    from shared.spec import PrivacySpec
+
+    if epsilon is None and clip is None:
+        if delta is not None or mechanism != "laplace":
+            raise ValueError("--ldp-mechanism and --ldp-delta need --ldp-epsilon and --ldp-clip")
+        return None
+    if epsilon is None or clip is None:
+        raise ValueError("--ldp-epsilon and --ldp-clip go together (the noise scales with clip / epsilon)")
+    fields = {"mechanism": mechanism, "epsilon": epsilon, "clip": clip, "delta": delta}
+    try:
+        return PrivacySpec.model_validate(fields).model_dump()
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'ldp'}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"--ldp-* options: {problems}") from None
+
+
 def _check_attack_options(
     *,
     clients: int,
@@ -132,6 +154,8 @@ def _check_attack_options(
     trigger_position: str,
     ldp_epsilon: float | None,
     ldp_clip: float | None,
+    ldp_mechanism: str,
+    ldp_delta: float | None,
     aggregation: str,
 ) -> None:
     """Refuse bad backdoor, privacy and aggregation options before any process starts."""
@@ -142,10 +166,7 @@ def _check_attack_options(
         raise ValueError(f"--malicious must be between 0 and --clients ({clients}); got {malicious}")
     parse_attack(attack)
     parse_trigger(trigger, trigger_position)
-    if (ldp_epsilon is None) != (ldp_clip is None):
-        raise ValueError("--ldp-epsilon and --ldp-clip go together (the Laplace scale is clip / epsilon)")
-    if ldp_epsilon is not None and not (ldp_epsilon > 0 and ldp_clip is not None and ldp_clip > 0):
-        raise ValueError("--ldp-epsilon and --ldp-clip must be positive")
+    privacy_spec(ldp_mechanism, ldp_epsilon, ldp_clip, ldp_delta)
     agg = parse_aggregation(aggregation)
     check_params(agg["name"], agg["params"])
 
@@ -533,9 +554,19 @@ def simulate_command(
         str, typer.Option(help="Malicious clients' update attack: none | boost:FACTOR | sign-flip[:FACTOR].")
     ] = "none",
     ldp_epsilon: Annotated[
-        float | None, typer.Option(help="Local DP: epsilon of each round's update (Laplace mechanism).")
+        float | None, typer.Option(help="Local DP: epsilon of each round's update.")
     ] = None,
-    ldp_clip: Annotated[float | None, typer.Option(help="Local DP: L1 bound of each update.")] = None,
+    ldp_clip: Annotated[
+        float | None,
+        typer.Option(help="Local DP: norm bound of each update (L1 for laplace, L2 for gaussian)."),
+    ] = None,
+    ldp_mechanism: Annotated[
+        str,
+        typer.Option(help="Local DP mechanism: laplace (ε-DP) | gaussian ((ε, δ)-DP, needs --ldp-delta)."),
+    ] = "laplace",
+    ldp_delta: Annotated[
+        float | None, typer.Option(help="Local DP: δ of each round (gaussian only).")
+    ] = None,
     aggregation: Annotated[
         str,
         typer.Option(help="Rule and parameters: fedavg, median, trimmed_mean:beta=0.2, multi_krum:f=1, …"),
@@ -573,6 +604,8 @@ def simulate_command(
             trigger_position=trigger_position,
             ldp_epsilon=ldp_epsilon,
             ldp_clip=ldp_clip,
+            ldp_mechanism=ldp_mechanism,
+            ldp_delta=ldp_delta,
             aggregation=aggregation,
         )
         if init_prompt is not None and not init_prompt.is_file():
@@ -665,9 +698,7 @@ def simulate_command(
                 hidden_size=hidden,
                 fingerprint=fingerprint,
                 aggregation=parse_aggregation(aggregation),
-                privacy={"mechanism": "laplace", "epsilon": ldp_epsilon, "clip": ldp_clip}
-                if ldp_epsilon is not None
-                else None,
+                privacy=privacy_spec(ldp_mechanism, ldp_epsilon, ldp_clip, ldp_delta),
                 method=facts,
             )
             fid = admin.create_federation(spec.model_dump(mode="json"))["id"]

@@ -69,7 +69,12 @@ def test_malicious_client_with_ldp_reports_asr_local_asr_and_epsilon(tmp_path: P
 
     results = json.loads((out / "results.json").read_text())
     assert results["spec"]["aggregation"] == {"name": "trimmed_mean", "params": {"beta": 0.34}}
-    assert results["spec"]["privacy"] == {"mechanism": "laplace", "epsilon": 1000.0, "clip": 50.0}
+    assert results["spec"]["privacy"] == {
+        "mechanism": "laplace",
+        "epsilon": 1000.0,
+        "delta": None,
+        "clip": 50.0,
+    }
     assert results["backdoor"]["malicious"] == 1 and results["backdoor"]["attack"] == "boost:3"
     assert 0.0 <= results["initial_asr"] <= 1.0
     engine = make_engine(f"sqlite:///{out / 'fedprompt.db'}")
@@ -104,6 +109,8 @@ def test_bad_attack_options_are_refused_before_any_process_starts(tmp_path: Path
         (["--attack", "boost:-2"], "FACTOR must be positive"),
         (["--malicious", "5", "--clients", "3"], "--malicious must be between 0 and --clients"),
         (["--ldp-epsilon", "1"], "--ldp-epsilon and --ldp-clip go together"),
+        (["--ldp-epsilon", "1", "--ldp-clip", "5", "--ldp-mechanism", "gaussian"], "needs delta"),
+        (["--ldp-delta", "1e-5"], "need --ldp-epsilon and --ldp-clip"),
         (["--aggregation", "trimmed_mean:gamma=1"], "has no parameter(s) ['gamma']"),
     ]:
         done = subprocess.run(

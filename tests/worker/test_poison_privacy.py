@@ -13,6 +13,7 @@ import pytest
 
 from coordinator.service import summarize_evaluations
 from shared import wire
+from shared.privacy import gaussian_noise_multiplier
 from shared.spec import FederationSpec, PrivacySpec
 from tests.worker.test_agent import SPEC, FakeCoordinator, FakeEngine, _run_until_done
 from worker.agent import Agent, AgentConfig
@@ -29,7 +30,6 @@ from worker.poison import (
     poison,
     sign_flip,
 )
-from worker.privacy import PrivacyError, clip_l1, cumulative_epsilon, laplace_ldp
 
 
 def test_trigger_positions() -> None:
@@ -70,51 +70,6 @@ def test_boost_and_sign_flip_scale_the_update_around_the_global_prompt() -> None
         parse_attack("boost:-1")
     with pytest.raises(AttackError):
         parse_attack("flood")
-
-
-def test_clip_l1_bounds_the_norm() -> None:
-    clipped, norm = clip_l1({"a": np.array([3.0, -1.0]), "b": np.array([4.0])}, 4.0)
-    assert norm == 8.0
-    np.testing.assert_allclose(clipped["a"], [1.5, -0.5])
-    np.testing.assert_allclose(clipped["b"], [2.0])
-    small, _ = clip_l1({"a": np.array([0.5])}, 4.0)
-    np.testing.assert_allclose(small["a"], [0.5])
-    with pytest.raises(PrivacyError):
-        clip_l1({"a": np.array([1.0])}, 0.0)
-
-
-def test_laplace_noise_has_scale_bound_over_epsilon() -> None:
-    g = {"p": np.zeros(200_000, np.float32)}
-    u = {"p": np.zeros(200_000, np.float32)}
-    out = laplace_ldp(u, g, bound=2.0, epsilon=4.0, rng=np.random.default_rng(1))["p"]
-    # Laplace(0, b) has mean |x| = b; here b = 2 / 4 = 0.5
-    assert np.abs(out).mean() == pytest.approx(0.5, rel=0.02)
-    assert out.dtype == np.float32
-    with pytest.raises(PrivacyError):
-        laplace_ldp(u, g, bound=1.0, epsilon=0.0, rng=np.random.default_rng(1))
-
-
-def test_cumulative_epsilon_is_basic_composition() -> None:
-    assert cumulative_epsilon([0.5, 0.5, 1.0]) == 2.0
-    assert cumulative_epsilon([]) == 0.0
-    with pytest.raises(PrivacyError):
-        cumulative_epsilon([-1.0])
-
-
-def test_laplace_noise_mean_absolute_deviation_is_bound_over_epsilon_over_100k_draws() -> None:
-    zeros = {"p": np.zeros(100_000, np.float32)}
-    noisy = laplace_ldp(zeros, zeros, bound=3.0, epsilon=0.5, rng=np.random.default_rng(7))["p"].astype(
-        np.float64
-    )
-    mad = np.abs(noisy - noisy.mean()).mean()
-    assert mad == pytest.approx(3.0 / 0.5, rel=0.05)
-
-
-def test_ldp_clips_the_update_before_adding_noise() -> None:
-    g = {"p": np.array([1.0, 1.0, 1.0], np.float32)}
-    u = {"p": np.array([101.0, 1.0, -99.0], np.float32)}  # L1 of the update: 200
-    out = laplace_ldp(u, g, bound=2.0, epsilon=1e6, rng=np.random.default_rng(0))["p"]
-    np.testing.assert_allclose(out, [2.0, 1.0, 0.0], atol=1e-4)  # clipped to L1 = 2, noise scale 2e-6
 
 
 def test_parse_trigger() -> None:
@@ -253,3 +208,26 @@ def test_worker_options_build_the_backdoor_or_say_what_is_missing() -> None:
         _backdoor(None, 0.5, "cf", "random", "none", 2, 0)
     with pytest.raises(AttackError, match="not a label of this data set"):
         _backdoor(2, 0.0, "cf", "random", "none", 2, 0)
+
+
+def test_worker_applies_the_gaussian_mechanism_of_the_spec(tmp_path: Path) -> None:
+    privacy = PrivacySpec(mechanism="gaussian", epsilon=100.0, delta=0.1, clip=8**0.5)
+    coordinator = _ScriptedCoordinator(SPEC.model_copy(update={"privacy": privacy}))
+    data = [Example(text=f"t{i}", label=i % 2) for i in range(4)]
+    agent = Agent(
+        AgentConfig("http://coordinator", 1, "fpe_x", "w", tmp_path),
+        data,
+        data,
+        transport=httpx.MockTransport(coordinator),
+        engine_factory=lambda s, d: _AttackEngine(),
+    )
+    _run_until_done(agent)
+    tensors, meta = wire.decode(coordinator.uploads[-1])
+    metrics = json.loads(meta["metrics"])
+    sigma = gaussian_noise_multiplier(100.0, 0.1)
+    assert metrics["epsilon"] == 100.0 and metrics["noise_multiplier"] == pytest.approx(sigma)
+    # trained: 1 → 4 everywhere, an update of L2 norm 3·√8 clipped to √8 (1 per element) → 2, plus
+    # N(0, (σ·√8)²) noise per element (σ·√8 ≈ 0.22): within 5 standard deviations of 2
+    out = tensors["prompt_embeddings"]
+    assert np.all(np.abs(out - 2.0) < 5 * sigma * 8**0.5)
+    assert not np.all(out == 2.0)  # noise was added
