@@ -143,6 +143,17 @@ class _ScriptedCoordinator(FakeCoordinator):
         return super().__call__(request)
 
 
+def _agent(tmp_path: Path, coordinator: _ScriptedCoordinator, data: list[Example], **config: Any) -> Agent:
+    """An agent on the scripted coordinator, training _AttackEngine on `data` (also its test set)."""
+    return Agent(
+        AgentConfig("http://coordinator", 1, "fpe_x", "w", tmp_path, **config),
+        data,
+        data,
+        transport=httpx.MockTransport(coordinator),
+        engine_factory=lambda s, d: _AttackEngine(),
+    )
+
+
 def test_malicious_worker_reports_asr_boosts_and_applies_ldp_before_upload(tmp_path: Path) -> None:
     spec = SPEC.model_copy(update={"privacy": PrivacySpec(epsilon=1e6, clip=12.0)})
     coordinator = _ScriptedCoordinator(spec)
@@ -150,13 +161,7 @@ def test_malicious_worker_reports_asr_boosts_and_applies_ldp_before_upload(tmp_p
     backdoor = Backdoor(
         target=1, trigger=Trigger(("cf",), "start"), poison_rate=1.0, attack="boost", factor=2.0
     )
-    agent = Agent(
-        AgentConfig("http://coordinator", 1, "fpe_x", "w", tmp_path, backdoor=backdoor),
-        data,
-        data,
-        transport=httpx.MockTransport(coordinator),
-        engine_factory=lambda s, d: _AttackEngine(),
-    )
+    agent = _agent(tmp_path, coordinator, data, backdoor=backdoor)
     assert {e.label for e in agent.train_data} == {1} and len(agent.asr_data) == 3
     _run_until_done(agent)
 
@@ -172,13 +177,7 @@ def test_malicious_worker_reports_asr_boosts_and_applies_ldp_before_upload(tmp_p
 def test_honest_worker_without_privacy_uploads_the_trained_prompt_unchanged(tmp_path: Path) -> None:
     coordinator = _ScriptedCoordinator(SPEC)
     data = [Example(text=f"t{i}", label=i % 2) for i in range(4)]
-    agent = Agent(
-        AgentConfig("http://coordinator", 1, "fpe_x", "w", tmp_path, backdoor=Backdoor(target=0)),
-        data,
-        data,
-        transport=httpx.MockTransport(coordinator),
-        engine_factory=lambda s, d: _AttackEngine(),
-    )
+    agent = _agent(tmp_path, coordinator, data, backdoor=Backdoor(target=0))
     _run_until_done(agent)
     tensors, meta = wire.decode(coordinator.uploads[-1])
     np.testing.assert_array_equal(tensors["prompt_embeddings"], np.full((2, 4), 4.0, np.float32))
@@ -214,13 +213,7 @@ def test_worker_applies_the_gaussian_mechanism_of_the_spec(tmp_path: Path) -> No
     privacy = PrivacySpec(mechanism="gaussian", epsilon=100.0, delta=0.1, clip=8**0.5)
     coordinator = _ScriptedCoordinator(SPEC.model_copy(update={"privacy": privacy}))
     data = [Example(text=f"t{i}", label=i % 2) for i in range(4)]
-    agent = Agent(
-        AgentConfig("http://coordinator", 1, "fpe_x", "w", tmp_path),
-        data,
-        data,
-        transport=httpx.MockTransport(coordinator),
-        engine_factory=lambda s, d: _AttackEngine(),
-    )
+    agent = _agent(tmp_path, coordinator, data)
     _run_until_done(agent)
     tensors, meta = wire.decode(coordinator.uploads[-1])
     metrics = json.loads(meta["metrics"])
