@@ -193,3 +193,15 @@ def test_report_draws_the_configured_figures(tmp_path: Path) -> None:
     for name in ("asr.png", "lines.png"):
         assert (tmp_path / "figs" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "![demo](figs/asr.png)" in (tmp_path / "RESULTS.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "path", sorted(Path(__file__).parents[2].joinpath("experiments").glob("*.yaml")), ids=str
+)
+def test_every_shipped_config_loads_and_speaks_simulate(path: Path) -> None:
+    config = load_config(path)
+    known = runner.simulate_options()
+    cells = expand(config)
+    assert cells, f"{path.name} expands to no cell"
+    for cell in cells:
+        assert runner.unsupported(cell.options, known) == {}, (path.name, cell.id)
