@@ -96,8 +96,13 @@ class Coordinator:
             session.connection(execution_options={WRITE_OPTION: True})
             yield session
 
-    def _lock_federation(self, s: Session, fid: int) -> Federation:
-        fed = s.scalars(select(Federation).where(Federation.id == fid).with_for_update()).first()
+    def _lock_federation(self, s: Session, fid: int, *, shared: bool = False) -> Federation:
+        """The federation row, locked until the transaction ends: exclusively (FOR UPDATE) by whatever
+        changes the federation or its rounds, shared (FOR SHARE) by uploads, which only need the round
+        they add to to stay open, so concurrent uploads commit together and a round closes only once
+        none is in flight. SQLite ignores both: its writing transactions are serialised as a whole."""
+        query = select(Federation).where(Federation.id == fid).with_for_update(read=shared)
+        fed = s.scalars(query).first()
         if fed is None:
             raise NotFound(f"federation {fid} does not exist; list them with GET /api/v1/federations")
         return fed
@@ -866,8 +871,28 @@ class Coordinator:
         except wire.WireError as exc:
             raise Invalid(str(exc)) from None
         num_samples, metrics = _parse_update_metadata(meta, spec)
+        del tensors  # validated; the blob is stored exactly as received
+        try:
+            return self._store_update(
+                fid, number, client, body, digest, num_samples, metrics, meta.get("base_version")
+            )
+        except IntegrityError:  # the same client's concurrent upload for this round committed first
+            return self._concurrent_upload(fid, number, client, digest)
+
+    def _store_update(
+        self,
+        fid: int,
+        number: int,
+        client: Client,
+        body: bytes,
+        digest: str,
+        num_samples: int,
+        metrics: dict[str, Any],
+        base_version: str | None,
+    ) -> UploadResult:
+        """Store a validated update in one transaction, or say why it cannot be (see upload)."""
         with self._tx() as s:
-            fed = self._lock_federation(s, fid)
+            fed = self._lock_federation(s, fid, shared=True)
             attempts = s.scalars(
                 select(Round)
                 .where(Round.federation_id == fid, Round.number == number)
@@ -903,13 +928,11 @@ class Coordinator:
             ).first()
             if selected is None:
                 raise Forbidden(f"client {client.id} was not selected for round {number}")
-            base_version = meta.get("base_version")
             if base_version is not None and base_version != str(current.base_version):
                 raise Conflict(
                     f"update was trained from prompt version {base_version}, but round {number} "
                     f"starts from version {current.base_version}; download it and train again"
                 )
-            del tensors  # validated above; the blob is stored exactly as received
             s.add(
                 Update(
                     round_id=current.id,
@@ -922,12 +945,27 @@ class Coordinator:
                     created_at=self.clock(),
                 )
             )
-            try:
-                s.flush()
-            except IntegrityError:
-                raise Conflict(f"client {client.id} already uploaded for round {number}") from None
-            result = UploadResult(True, number, current.attempt, client.id, digest, num_samples, len(body))
-        return result
+            s.flush()
+            return UploadResult(True, number, current.attempt, client.id, digest, num_samples, len(body))
+
+    def _concurrent_upload(self, fid: int, number: int, client: Client, digest: str) -> UploadResult:
+        """The answer to an upload that lost the race to an upload of the same client for the same
+        round: the same acknowledgement if it carried the same bytes, a conflict otherwise."""
+        with self.sessions() as s:
+            row = s.execute(
+                select(Update, Round.attempt)
+                .options(defer(Update.blob))
+                .join(Round, Round.id == Update.round_id)
+                .where(Round.federation_id == fid, Round.number == number, Update.client_id == client.id)
+                .order_by(Round.attempt.desc())
+            ).first()
+        if row is not None and row[0].sha256 == digest:
+            upd, attempt = row
+            return UploadResult(False, number, attempt, client.id, digest, upd.num_samples, upd.size)
+        raise Conflict(
+            f"client {client.id} already uploaded a different update for round {number}; "
+            "an update cannot be replaced"
+        )
 
     def after_upload(self, fid: int) -> None:
         """Close the round now if that upload was the last one missing."""

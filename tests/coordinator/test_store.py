@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
 import numpy as np
 import pytest
 
@@ -251,3 +255,49 @@ def test_invalid_aggregation_params_are_refused_at_creation(service: Coordinator
 
     with pytest.raises(Invalid, match="beta"):
         _federation(service, aggregation={"name": "trimmed_mean", "params": {"beta": 0.9}})
+
+
+def _race(*calls) -> list:  # type: ignore[no-untyped-def]
+    """Run the calls at the same moment on threads; their results or the exceptions they raised."""
+    barrier = threading.Barrier(len(calls))
+
+    def run(call):  # type: ignore[no-untyped-def]
+        barrier.wait()
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001 - the caller inspects what each call raised
+            return exc
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(run, calls))
+
+
+def test_concurrent_uploads_of_one_client_get_one_acknowledgement_or_a_conflict(service: Coordinator) -> None:
+    for trial in range(5):
+        fid, spec = _federation(service, min_clients=2)
+        a, _ = _enrol(service, fid, 2)
+        blob = update_blob(spec, trial)
+        same = _race(partial(service.upload, fid, 1, a, blob), partial(service.upload, fid, 1, a, blob))
+        assert sorted(r.created for r in same) == [False, True], same  # the loser gets the same answer
+        assert {r.sha256 for r in same} == {wire.sha256(blob)}
+        fid, spec = _federation(service, min_clients=2)
+        a, _ = _enrol(service, fid, 2)
+        other = _race(*(partial(service.upload, fid, 1, a, update_blob(spec, i)) for i in (1, 2)))
+        assert sorted(type(r).__name__ for r in other) == ["Conflict", "UploadResult"], other
+
+
+def test_every_acknowledged_upload_racing_a_close_is_aggregated(service: Coordinator) -> None:
+    for trial in range(5):
+        fid, spec = _federation(service, min_clients=2, expected_clients=8, quorum=1)
+        first, *rest = _enrol(service, fid, 8)
+        service.upload(fid, 1, first, update_blob(spec, 100 + trial, base_version=0))
+        uploads = [
+            partial(service.upload, fid, 1, c, update_blob(spec, i, base_version=0))
+            for i, c in enumerate(rest)
+        ]
+        results = _race(*uploads, partial(service.close_round, fid, 1))
+        acknowledged = [r for r in results[:-1] if not isinstance(r, Exception)]
+        assert all(isinstance(r, Gone) for r in results[:-1] if isinstance(r, Exception)), results
+        assert all(r.created for r in acknowledged)
+        stats = service.round_detail(fid, 1)["stats"]
+        assert stats["updates"] == 1 + len(acknowledged), (stats["updates"], results)
