@@ -917,10 +917,7 @@ class Coordinator:
             if current.state != "open":
                 raise Gone(f"round {number} is {current.state}; the current round is {fed.current_round}")
             if any(u.round_id == current.id for u in previous):
-                raise Conflict(
-                    f"client {client.id} already uploaded a different update for round {number}; "
-                    "an update cannot be replaced"
-                )
+                raise _no_replacing(client.id, number)
             selected = s.scalars(
                 select(Participant).where(
                     Participant.round_id == current.id, Participant.client_id == client.id
@@ -962,10 +959,7 @@ class Coordinator:
         if row is not None and row[0].sha256 == digest:
             upd, attempt = row
             return UploadResult(False, number, attempt, client.id, digest, upd.num_samples, upd.size)
-        raise Conflict(
-            f"client {client.id} already uploaded a different update for round {number}; "
-            "an update cannot be replaced"
-        )
+        raise _no_replacing(client.id, number)
 
     def after_upload(self, fid: int) -> None:
         """Close the round now if that upload was the last one missing."""
@@ -1048,6 +1042,13 @@ def _traffic_per_client(s: Session, fid: int) -> dict[int, dict[str, int]]:
             downloads=int(n), bytes_down=int(size)
         )
     return out
+
+
+def _no_replacing(client_id: int, number: int) -> Conflict:
+    return Conflict(
+        f"client {client_id} already uploaded a different update for round {number}; "
+        "an update cannot be replaced"
+    )
 
 
 def _count_per_client(s: Session, table: type[Participant] | type[Update], fid: int) -> dict[int, int]:
