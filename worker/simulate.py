@@ -358,6 +358,7 @@ def plot_accuracy(path: Path, results: dict[str, Any]) -> None:
         ax.axhline(
             100 * baseline["accuracy"], color="tab:red", linestyle="--", label="centralised, same samples"
         )
+        ax.set_ylim(top=max(ax.get_ylim()[1], 100 * baseline["accuracy"] + 2))  # keep the line off the frame
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%)")
