@@ -193,6 +193,10 @@ def test_report_draws_the_configured_figures(tmp_path: Path) -> None:
     for name in ("asr.png", "lines.png"):
         assert (tmp_path / "figs" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "![demo](figs/asr.png)" in (tmp_path / "RESULTS.md").read_text()
+    # on a machine without the runs folder the committed figures stay linked
+    report([path], tmp_path / "gone", tmp_path / "RESULTS.md", tmp_path / "figs", tmp_path)
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "![demo](figs/asr.png)" in text and "![demo](figs/lines.png)" in text
 
 
 @pytest.mark.parametrize(

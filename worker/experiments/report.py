@@ -192,7 +192,8 @@ def section(
 
 
 def _clean_asr_line(done: list[dict[str, Any]]) -> list[str]:
-    """One line with the starting prompt's ASR and accuracy when every finished cell shares them."""
+    """One line with the starting prompts' ASR and accuracy when every finished cell shares them (a warm
+    start, or prompts of different lengths that happen to score alike)."""
     pairs = {(r["metrics"].get("initial_asr"), r["metrics"].get("initial_accuracy")) for r in done}
     if len(pairs) != 1:
         return []
@@ -200,7 +201,7 @@ def _clean_asr_line(done: list[dict[str, Any]]) -> list[str]:
     if asr is None or acc is None:
         return []
     return [
-        f"- Every cell starts from the same prompt: accuracy {100 * acc:.1f} %, clean ASR {100 * asr:.1f} % (round 0)."
+        f"- Every cell's starting prompt (round 0) scores accuracy {100 * acc:.1f} %, clean ASR {100 * asr:.1f} %."
     ]
 
 
@@ -224,9 +225,10 @@ def figures(
         if plot.kind == "asr":
             cell = _cell_for(config, plot.cell)
             path = out_root / config.name / cell.id / "results.json" if cell else None
-            if path is None or not path.exists():
+            if path is not None and path.exists():
+                plot_asr(target, json.loads(path.read_text()))
+            elif not target.exists():  # neither the cell nor a figure drawn from it on another machine
                 continue
-            plot_asr(target, json.loads(path.read_text()))
         else:
             series: dict[str, list[tuple[float, float]]] = {}
             for r in records:
