@@ -31,7 +31,9 @@ from shared.local import free_port, wait_ready
 from shared.methods import METHODS
 from shared.spec import DEFAULT_MODEL, FederationSpec
 
-console = Console()
+# Written to a log (make demo's pipe, an experiment cell's simulate.log) the round table keeps its columns
+# whole instead of folding them into 80 characters; $COLUMNS still wins where it is set.
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
 
 
 class SimulationError(RuntimeError):

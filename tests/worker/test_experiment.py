@@ -14,7 +14,7 @@ import pytest
 
 from worker.experiments import runner
 from worker.experiments.config import ConfigError, ExperimentConfig, cell_id, expand, load_config
-from worker.experiments.report import cell_metrics, pivot, replace_block, report
+from worker.experiments.report import cell_metrics, committed_cells, pivot, replace_block, report
 from worker.experiments.runner import run_experiment, to_args
 
 CONFIG = """
@@ -167,6 +167,31 @@ def test_report_writes_tables_between_markers_and_keeps_the_rest(tmp_path: Path)
     assert json.loads((tmp_path / "figs/demo.json").read_text())["cells"][0]["done"] is True
     again = replace_block(text, "demo", "new body")
     assert again.count("<!-- experiment:demo:start -->") == 1 and "new body" in again
+
+
+def test_a_grid_resumes_from_the_committed_summary_on_another_machine(tmp_path: Path) -> None:
+    config, path = _config(tmp_path)
+    figs, md = tmp_path / "figs", tmp_path / "RESULTS.md"
+    run_experiment(config, tmp_path / "first", runner=FakeSimulate(), echo=lambda _: None, limit=2)
+    report([path], tmp_path / "first", md, figs, tmp_path)  # the committed summary holds 2 cells
+
+    # a fresh machine: no runs folder; the committed cells are skipped, the rest run
+    committed = committed_cells(figs, "demo")
+    assert sorted(committed) == [cell.id for cell in expand(config)[:2]]
+    fake = FakeSimulate()
+    statuses = run_experiment(
+        config, tmp_path / "second", runner=fake, echo=lambda _: None, committed=committed
+    )
+    assert all(s["status"] == "done" for s in statuses) and len(fake.calls) == 3
+    report([path], tmp_path / "second", md, figs, tmp_path)
+    summary = json.loads((figs / "demo.json").read_text())["cells"]
+    assert [c["done"] for c in summary] == [True] * 5 and "5 of 5 cells run" in md.read_text()
+
+    # a changed shared option makes every committed cell stale
+    changed, _ = _config(tmp_path, CONFIG.replace("rounds: 2", "rounds: 3"))
+    fake = FakeSimulate()
+    run_experiment(changed, tmp_path / "third", runner=fake, echo=lambda _: None, committed=committed)
+    assert len(fake.calls) == 5
 
 
 def test_pivot_of_an_unrun_experiment_shows_dashes(tmp_path: Path) -> None:

@@ -9,9 +9,12 @@ import typer
 from rich.console import Console
 
 app = typer.Typer(help="Run experiment grids (many simulations) and report them.", no_args_is_help=True)
-console = Console()
+console = Console(soft_wrap=True)  # cell ids stay on one line in logs
 
 OutOpt = Annotated[Path, typer.Option("--out", help="Where cell folders live.")]
+FiguresOpt = Annotated[
+    Path, typer.Option("--figures", help="Where PNGs and the committed summaries (<name>.json) live.")
+]
 
 
 @app.command("run")
@@ -20,24 +23,35 @@ def run_command(
     out: OutOpt = Path("runs/experiments"),
     limit: Annotated[int | None, typer.Option(min=1, help="Run at most this many unfinished cells.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the cells and their state only.")] = False,
+    figures: FiguresOpt = Path("docs/results"),
+    rerun: Annotated[
+        bool, typer.Option("--rerun", help="Run cells the committed summary already holds, too.")
+    ] = False,
 ) -> None:
-    """Run every unfinished cell of an experiment (finished cells are skipped: rerun to resume)."""
+    """Run every unfinished cell of an experiment (finished cells are skipped: rerun to resume).
+
+    A cell counts as finished when its folder under --out holds every round, or when the committed
+    summary (--figures/<name>.json, written by `report`) holds it with the same options: a grid run
+    in parts on different machines resumes where the last `report` left it."""
     from worker.experiments.config import ConfigError, expand, load_config
-    from worker.experiments.runner import is_complete
+    from worker.experiments.report import committed_cells, committed_match
+    from worker.experiments.runner import is_complete, run_experiment
 
     try:
         cfg = load_config(config)
     except ConfigError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
+    committed = {} if rerun else committed_cells(figures, cfg.name)
     if dry_run:
         for cell in expand(cfg):
-            state = "done" if is_complete(out / cfg.name / cell.id, cell.options) else "todo"
-            console.print(f"{state:5} {cell.id}")
+            if is_complete(out / cfg.name / cell.id, cell.options):
+                state = "done"
+            else:
+                state = "done (committed)" if committed_match(committed, cell) else "todo"
+            console.print(f"{state:16} {cell.id}")
         return
-    from worker.experiments.runner import run_experiment
-
-    statuses = run_experiment(cfg, out, echo=console.print, limit=limit)
+    statuses = run_experiment(cfg, out, echo=console.print, limit=limit, committed=committed)
     failed = [s for s in statuses if s["status"].startswith("failed")]
     done = sum(s["status"] == "done" for s in statuses)
     console.print(f"{cfg.name}: {done}/{len(statuses)} cells done, {len(failed)} failed")
@@ -52,7 +66,7 @@ def report_command(
     ] = None,
     out: OutOpt = Path("runs/experiments"),
     results: Annotated[Path, typer.Option(help="The markdown file to update.")] = Path("RESULTS.md"),
-    figures: Annotated[Path, typer.Option(help="Where PNGs and summaries go.")] = Path("docs/results"),
+    figures: FiguresOpt = Path("docs/results"),
 ) -> None:
     """Render each experiment's table and figures into RESULTS.md (between its markers)."""
     from worker.experiments.config import ConfigError

@@ -64,7 +64,13 @@ def collect(config: ExperimentConfig, out_root: Path) -> list[dict[str, Any]]:
     records = []
     for cell in expand(config):
         folder = out_root / config.name / cell.id
-        record: dict[str, Any] = {"cell": cell.id, "params": cell.params, "seed": cell.seed, "done": False}
+        record: dict[str, Any] = {
+            "cell": cell.id,
+            "params": cell.params,
+            "seed": cell.seed,
+            "options": normalised(cell.options),
+            "done": False,
+        }
         results_path, meta_path = folder / "results.json", folder / "cell.json"
         if results_path.exists():
             results = json.loads(results_path.read_text())
@@ -79,6 +85,40 @@ def collect(config: ExperimentConfig, out_root: Path) -> list[dict[str, Any]]:
             record["wall_seconds"] = meta.get("wall_seconds")
         records.append(record)
     return records
+
+
+def normalised(options: dict[str, Any]) -> dict[str, Any]:
+    """Options as they read back from a summary JSON (so that a committed cell compares equal)."""
+    return json.loads(json.dumps(options, sort_keys=True, default=str))
+
+
+def committed_cells(fig_dir: Path, name: str) -> dict[str, dict[str, Any]]:
+    """The finished cells of an experiment's committed summary (`<fig_dir>/<name>.json`), by cell id."""
+    path = fig_dir / f"{name}.json"
+    if not path.exists():
+        return {}
+    return {r["cell"]: r for r in json.loads(path.read_text()).get("cells", []) if r.get("done")}
+
+
+def committed_match(committed: dict[str, dict[str, Any]], cell: Cell) -> dict[str, Any] | None:
+    """The committed record of this cell when it ran with the same options (a summary written before
+    records carried their options matches by cell id alone)."""
+    record = committed.get(cell.id)
+    if record is None or record.get("options", normalised(cell.options)) != normalised(cell.options):
+        return None
+    return record
+
+
+def merge_committed(
+    config: ExperimentConfig, records: list[dict[str, Any]], committed: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Cells not finished in the runs folder but finished in the committed summary (another machine,
+    an earlier session) keep their committed record; a cell rerun here replaces it."""
+    merged = []
+    for cell, record in zip(expand(config), records, strict=True):
+        previous = None if record["done"] else committed_match(committed, cell)
+        merged.append({**previous, "options": record["options"]} if previous is not None else record)
+    return merged
 
 
 def _fmt(metric: str, value: Any) -> str:
@@ -269,12 +309,11 @@ def report(
     summaries: dict[str, list[dict[str, Any]]] = {}
     for path in config_paths:
         config = load_config(path)
-        records = collect(config, out_root)
-        summary_path = fig_dir / f"{config.name}.json"
-        if not any(r["done"] for r in records) and summary_path.exists():
-            records = json.loads(summary_path.read_text())["cells"]  # runs folder gone: the committed summary
-        elif any(r["done"] for r in records):
+        fresh = collect(config, out_root)
+        records = merge_committed(config, fresh, committed_cells(fig_dir, config.name))
+        if any(r["done"] for r in fresh):  # something ran here: the summary takes it in, committed cells stay
             fig_dir.mkdir(parents=True, exist_ok=True)
+            summary_path = fig_dir / f"{config.name}.json"
             summary_path.write_text(json.dumps({"experiment": config.name, "cells": records}, indent=2))
         pngs = figures(config, out_root, records, fig_dir)
         rel = [str(_relative(p, root)) for p in pngs]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.experiments.config import Cell, ExperimentConfig, expand
+from worker.experiments.report import committed_match
 
 # Options a cell may carry that simulate does not (yet) know, and the value that means "the default".
 DEFAULT_VALUES: dict[str, Any] = {"method": "prompt_tuning"}
@@ -127,8 +128,13 @@ def run_experiment(
     echo: Callable[[str], None] = print,
     runner: Runner = _run_process,
     limit: int | None = None,
+    committed: dict[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every unfinished cell (at most `limit` of them); returns one status record per cell."""
+    """Run every unfinished cell (at most `limit` of them); returns one status record per cell.
+
+    `committed`: finished cells of the experiment's committed summary (`report.committed_cells`); a cell
+    found there with the same options counts as done, so a grid resumes across machines."""
+
     known = simulate_options()
     folder = out_root / config.name
     folder.mkdir(parents=True, exist_ok=True)
@@ -150,6 +156,11 @@ def run_experiment(
             record["status"] = "done"
             statuses.append(record)
             echo(f"[{n}/{len(cells)}] {cell.id}: done (skipped)")
+            continue
+        if committed_match(committed or {}, cell) is not None:
+            record["status"] = "done"
+            statuses.append(record)
+            echo(f"[{n}/{len(cells)}] {cell.id}: done in the committed summary (skipped)")
             continue
         if limit is not None and started_cells >= limit:
             record["status"] = "pending"
