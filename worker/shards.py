@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from worker.data import DataError, Example, TextDataset, iid, load_dataset, load_table, partition
@@ -41,10 +41,8 @@ def _hold_out(examples: list[Example], fraction: float, seed: int) -> tuple[list
     ]
 
 
-def load_shard(spec: ShardSpec) -> tuple[list[Example], list[Example], TextDataset]:
-    """(train, eval, the full train split) of worker `partition_id` of `num_partitions`."""
-    if not 0 <= spec.partition_id < spec.num_partitions:
-        raise DataError(f"partition id {spec.partition_id} is outside 0..{spec.num_partitions - 1}")
+def _source(spec: ShardSpec) -> tuple[TextDataset, TextDataset | None]:
+    """(the full train split, the test split or None when evaluation is held out of train)."""
     path = Path(spec.data)
     if path.is_file() or spec.data.endswith(TABLE_SUFFIXES):
         full = load_table(
@@ -54,13 +52,18 @@ def load_shard(spec: ShardSpec) -> tuple[list[Example], list[Example], TextDatas
             spec.text_b_column,
             list(spec.label_names or []) or None,
         )
-        test = None
-    else:
-        full = load_dataset(spec.data, "train", spec.datasets_dir)
-        try:
-            test = load_dataset(spec.data, "test", spec.datasets_dir)
-        except DataError:
-            test = None
+        return full, None
+    full = load_dataset(spec.data, "train", spec.datasets_dir)
+    try:
+        return full, load_dataset(spec.data, "test", spec.datasets_dir)
+    except DataError:
+        return full, None
+
+
+def _cut(spec: ShardSpec, full: TextDataset, test: TextDataset | None) -> tuple[list[Example], list[Example]]:
+    """(train, eval) of worker `spec.partition_id`, from the loaded splits."""
+    if not 0 <= spec.partition_id < spec.num_partitions:
+        raise DataError(f"partition id {spec.partition_id} is outside 0..{spec.num_partitions - 1}")
     train_set = full.sample(spec.train_limit, spec.seed)
     parts = partition(train_set.labels, spec.partition, spec.num_partitions, spec.seed)
     train = [train_set.examples[i] for i in parts[spec.partition_id]]
@@ -79,4 +82,23 @@ def load_shard(spec: ShardSpec) -> tuple[list[Example], list[Example], TextDatas
             f"worker {spec.partition_id} of {spec.num_partitions} got no evaluation examples; "
             "raise --eval-limit or --eval-fraction"
         )
+    return train, evaluation
+
+
+def load_shard(spec: ShardSpec) -> tuple[list[Example], list[Example], TextDataset]:
+    """(train, eval, the full train split) of worker `partition_id` of `num_partitions`."""
+    if not 0 <= spec.partition_id < spec.num_partitions:
+        raise DataError(f"partition id {spec.partition_id} is outside 0..{spec.num_partitions - 1}")
+    full, test = _source(spec)
+    train, evaluation = _cut(spec, full, test)
     return train, evaluation, full
+
+
+def shard_sizes(spec: ShardSpec) -> list[tuple[int, int]]:
+    """(train, eval) sizes of every worker's shard (`spec.partition_id` is ignored), loading the data once."""
+    full, test = _source(spec)
+    sizes = []
+    for pid in range(spec.num_partitions):
+        train, evaluation = _cut(replace(spec, partition_id=pid), full, test)
+        sizes.append((len(train), len(evaluation)))
+    return sizes

@@ -86,6 +86,10 @@ def test_simulate_writes_results_that_agree_with_the_coordinator(tmp_path: Path)
     png = (out / "accuracy.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     assert processes_mentioning(str(out)) == []
+    # clients enrol in worker order, so a round's seeded selection picks the same data shards every run
+    creds = [json.loads((out / "workers" / str(i) / "credentials.json").read_text()) for i in range(3)]
+    ids = [c["client_id"] for c in creds]
+    assert ids == sorted(ids) and len(set(ids)) == 3
 
 
 def test_sigint_mid_round_leaves_no_process_and_rerun_continues(tmp_path: Path) -> None:

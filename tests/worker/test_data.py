@@ -228,3 +228,22 @@ def test_every_packed_dataset_has_a_fitting_preset(monkeypatch: pytest.MonkeyPat
 def test_unknown_single_dataset_has_no_preset() -> None:
     with pytest.raises(KeyError, match="--template"):
         preset_for("my-own", "single")
+
+
+@pytest.mark.parametrize("partition", ["iid", "quantity:0.5"])
+@pytest.mark.parametrize("with_test", [True, False])
+def test_shard_sizes_are_the_sizes_load_shard_cuts(tmp_path: Path, partition: str, with_test: bool) -> None:
+    from dataclasses import replace
+
+    from worker.shards import ShardSpec, load_shard, shard_sizes
+
+    rows = [{"text": f"sentence {i}", "label": i % 2} for i in range(60)]
+    folder = write_packed(tmp_path, "toy", rows=rows)
+    if not with_test:  # evaluation then comes out of each worker's train share
+        (folder / "test.jsonl.gz").unlink()
+    spec = ShardSpec(
+        data=str(folder), partition=partition, num_partitions=4, seed=3, train_limit=50, eval_limit=20
+    )
+    cut = [load_shard(replace(spec, partition_id=i)) for i in range(4)]
+    assert shard_sizes(spec) == [(len(train), len(evaluation)) for train, evaluation, _ in cut]
+    assert sum(n for n, _ in shard_sizes(spec)) == (50 if with_test else 50 - sum(len(e) for _, e, _ in cut))
