@@ -194,6 +194,61 @@ def test_a_grid_resumes_from_the_committed_summary_on_another_machine(tmp_path: 
     assert len(fake.calls) == 5
 
 
+WARM_CONFIG = """
+name: warm
+title: "Warm grid"
+base: {dataset: sst2, clients: 4, rounds: 1}
+warm_start: {steps: 10, train_limit: 100}
+grid:
+  malicious: [0, 1]
+table: {rows: [malicious], metrics: [final_accuracy]}
+"""
+
+
+class WarmFake(FakeSimulate):
+    """Also trains the warm start: `--save-prompt` gets `prompt` as its bytes."""
+
+    def __init__(self, prompt: bytes) -> None:
+        super().__init__()
+        self.prompt = prompt
+
+    def __call__(self, args: list[str], log: Path) -> int:
+        if "--save-prompt" in args:
+            self.calls.append(args)
+            Path(args[args.index("--save-prompt") + 1]).write_bytes(self.prompt)
+            return 0
+        return super().__call__(args, log)
+
+
+def test_a_committed_cell_counts_only_when_it_started_from_the_same_prompt(tmp_path: Path) -> None:
+    import hashlib
+
+    config, path = _config(tmp_path, WARM_CONFIG)
+    figs, md = tmp_path / "figs", tmp_path / "RESULTS.md"
+    first = WarmFake(b"prompt A")
+    run_experiment(config, tmp_path / "first", runner=first, echo=lambda _: None)
+    assert len(first.calls) == 3  # the warm start, then both cells
+    report([path], tmp_path / "first", md, figs, tmp_path)
+    committed = committed_cells(figs, "warm")
+    assert {c["start_sha256"] for c in committed.values()} == {hashlib.sha256(b"prompt A").hexdigest()}
+
+    same = WarmFake(b"prompt A")  # another machine trains the same warm start: the cells are reused
+    statuses = run_experiment(
+        config, tmp_path / "second", runner=same, echo=lambda _: None, committed=committed
+    )
+    assert [s["status"] for s in statuses] == ["done", "done"] and len(same.calls) == 1
+
+    other = WarmFake(b"prompt B")  # a build whose warm start differs: the committed cells are stale
+    run_experiment(
+        config, tmp_path / "third", runner=other, echo=lambda _: None, committed=committed, limit=1
+    )
+    assert len(other.calls) == 2  # the warm start and one cell (limit 1)
+    report([path], tmp_path / "third", md, figs, tmp_path)
+    summary = json.loads((figs / "warm.json").read_text())["cells"]
+    assert [c["done"] for c in summary] == [True, False]  # the stale cell is not mixed into the table
+    assert summary[0]["start_sha256"] == hashlib.sha256(b"prompt B").hexdigest()
+
+
 def test_pivot_of_an_unrun_experiment_shows_dashes(tmp_path: Path) -> None:
     config, _ = _config(tmp_path)
     table = pivot(config, [])

@@ -31,11 +31,17 @@ def run_command(
     """Run every unfinished cell of an experiment (finished cells are skipped: rerun to resume).
 
     A cell counts as finished when its folder under --out holds every round, or when the committed
-    summary (--figures/<name>.json, written by `report`) holds it with the same options: a grid run
-    in parts on different machines resumes where the last `report` left it."""
+    summary (--figures/<name>.json, written by `report`) holds it with the same options and the same
+    starting prompt: a grid run in parts on different machines resumes where the last `report` left
+    it."""
     from worker.experiments.config import ConfigError, expand, load_config
-    from worker.experiments.report import committed_cells, committed_match
-    from worker.experiments.runner import is_complete, run_experiment
+    from worker.experiments.runner import (
+        committed_cells,
+        committed_match,
+        is_complete,
+        local_start_sha,
+        run_experiment,
+    )
 
     try:
         cfg = load_config(config)
@@ -45,10 +51,14 @@ def run_command(
     committed = {} if rerun else committed_cells(figures, cfg.name)
     if dry_run:
         for cell in expand(cfg):
+            stored = committed_match(committed, cell)
+            local = local_start_sha(cfg, cell, out) if stored else None
             if is_complete(out / cfg.name / cell.id, cell.options):
                 state = "done"
+            elif stored is None or (local is not None and stored.get("start_sha256") != local):
+                state = "todo"
             else:
-                state = "done (committed)" if committed_match(committed, cell) else "todo"
+                state = "done (committed)"
             console.print(f"{state:16} {cell.id}")
         return
     statuses = run_experiment(cfg, out, echo=console.print, limit=limit, committed=committed)

@@ -11,6 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from worker.experiments.config import Cell, ExperimentConfig, expand, matches
+from worker.experiments.runner import (
+    committed_cells,
+    committed_match,
+    local_start_sha,
+    normalised,
+    start_prompt_sha,
+)
 
 PERCENT = {
     "initial_accuracy",
@@ -83,40 +90,28 @@ def collect(config: ExperimentConfig, out_root: Path) -> list[dict[str, Any]]:
             meta = json.loads(meta_path.read_text())
             record["command"] = meta.get("command")
             record["wall_seconds"] = meta.get("wall_seconds")
+            start = (meta.get("options") or {}).get("init_prompt")
+            record["start_sha256"] = meta.get("start_sha256") or start_prompt_sha(start)
         records.append(record)
     return records
 
 
-def normalised(options: dict[str, Any]) -> dict[str, Any]:
-    """Options as they read back from a summary JSON (so that a committed cell compares equal)."""
-    return json.loads(json.dumps(options, sort_keys=True, default=str))
-
-
-def committed_cells(fig_dir: Path, name: str) -> dict[str, dict[str, Any]]:
-    """The finished cells of an experiment's committed summary (`<fig_dir>/<name>.json`), by cell id."""
-    path = fig_dir / f"{name}.json"
-    if not path.exists():
-        return {}
-    return {r["cell"]: r for r in json.loads(path.read_text()).get("cells", []) if r.get("done")}
-
-
-def committed_match(committed: dict[str, dict[str, Any]], cell: Cell) -> dict[str, Any] | None:
-    """The committed record of this cell when it ran with the same options (a summary written before
-    records carried their options matches by cell id alone)."""
-    record = committed.get(cell.id)
-    if record is None or record.get("options", normalised(cell.options)) != normalised(cell.options):
-        return None
-    return record
-
-
 def merge_committed(
-    config: ExperimentConfig, records: list[dict[str, Any]], committed: dict[str, dict[str, Any]]
+    config: ExperimentConfig,
+    records: list[dict[str, Any]],
+    committed: dict[str, dict[str, Any]],
+    out_root: Path,
 ) -> list[dict[str, Any]]:
     """Cells not finished in the runs folder but finished in the committed summary (another machine,
-    an earlier session) keep their committed record; a cell rerun here replaces it."""
+    an earlier session) keep their committed record, unless this machine's starting prompt for the
+    cell is known and is not the one the committed cell started from; a cell rerun here replaces it."""
     merged = []
     for cell, record in zip(expand(config), records, strict=True):
         previous = None if record["done"] else committed_match(committed, cell)
+        if previous is not None:
+            local = local_start_sha(config, cell, out_root)
+            if local is not None and previous.get("start_sha256") != local:
+                previous = None
         merged.append({**previous, "options": record["options"]} if previous is not None else record)
     return merged
 
@@ -310,7 +305,7 @@ def report(
     for path in config_paths:
         config = load_config(path)
         fresh = collect(config, out_root)
-        records = merge_committed(config, fresh, committed_cells(fig_dir, config.name))
+        records = merge_committed(config, fresh, committed_cells(fig_dir, config.name), out_root)
         if any(r["done"] for r in fresh):  # something ran here: the summary takes it in, committed cells stay
             fig_dir.mkdir(parents=True, exist_ok=True)
             summary_path = fig_dir / f"{config.name}.json"

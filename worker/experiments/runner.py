@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from worker.experiments.config import Cell, ExperimentConfig, expand
-from worker.experiments.report import committed_match
 
 # Options a cell may carry that simulate does not (yet) know, and the value that means "the default".
 DEFAULT_VALUES: dict[str, Any] = {"method": "prompt_tuning"}
@@ -60,6 +59,50 @@ def is_complete(folder: Path, options: dict[str, Any]) -> bool:
         return False
     want = int(options.get("rounds", 0) or 0)
     return len(results.get("rounds", [])) >= want and results.get("final_accuracy") is not None
+
+
+def normalised(options: dict[str, Any]) -> dict[str, Any]:
+    """Options as they read back from a summary JSON (so that a committed cell compares equal)."""
+    return json.loads(json.dumps(options, sort_keys=True, default=str))
+
+
+def committed_cells(fig_dir: Path, name: str) -> dict[str, dict[str, Any]]:
+    """The finished cells of an experiment's committed summary (`<fig_dir>/<name>.json`), by cell id."""
+    path = fig_dir / f"{name}.json"
+    if not path.exists():
+        return {}
+    return {r["cell"]: r for r in json.loads(path.read_text()).get("cells", []) if r.get("done")}
+
+
+def committed_match(committed: dict[str, dict[str, Any]], cell: Cell) -> dict[str, Any] | None:
+    """The committed record of this cell when it ran with the same options (a summary written before
+    records carried their options matches by cell id alone). Whether it also started from the same
+    prompt is the caller's check (`start_prompt_sha`)."""
+    record = committed.get(cell.id)
+    if record is None or record.get("options", normalised(cell.options)) != normalised(cell.options):
+        return None
+    return record
+
+
+def start_prompt_sha(path: str | Path | None) -> str | None:
+    """sha256 of a starting prompt file (`--init-prompt`), or None without one (or when it is gone)."""
+    if not path or not Path(path).is_file():
+        return None
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _warm_prompt_path(config: ExperimentConfig, cell: Cell, out_root: Path) -> Path:
+    return out_root / "warm" / f"{_key(warm_start_options(config, cell))}.safetensors"
+
+
+def local_start_sha(config: ExperimentConfig, cell: Cell, out_root: Path) -> str | None:
+    """The starting prompt this machine already has for a cell (its --init-prompt, or the trained warm
+    start), or None when that is not known here."""
+    if cell.options.get("init_prompt"):
+        return start_prompt_sha(cell.options["init_prompt"])
+    if config.warm_start is not None:
+        return start_prompt_sha(_warm_prompt_path(config, cell, out_root))
+    return None
 
 
 def _fedprompt() -> str:
@@ -132,8 +175,9 @@ def run_experiment(
 ) -> list[dict[str, Any]]:
     """Run every unfinished cell (at most `limit` of them); returns one status record per cell.
 
-    `committed`: finished cells of the experiment's committed summary (`report.committed_cells`); a cell
-    found there with the same options counts as done, so a grid resumes across machines."""
+    `committed`: finished cells of the experiment's committed summary (`committed_cells`); a cell found
+    there with the same options and the same starting prompt (for a warm start: the prompt trained
+    here, compared by sha256) counts as done, so a grid resumes across machines."""
 
     known = simulate_options()
     folder = out_root / config.name
@@ -157,11 +201,16 @@ def run_experiment(
             statuses.append(record)
             echo(f"[{n}/{len(cells)}] {cell.id}: done (skipped)")
             continue
-        if committed_match(committed or {}, cell) is not None:
-            record["status"] = "done"
-            statuses.append(record)
-            echo(f"[{n}/{len(cells)}] {cell.id}: done in the committed summary (skipped)")
-            continue
+        stored = committed_match(committed or {}, cell)
+        if stored is not None:
+            if config.warm_start is not None and "init_prompt" not in options:
+                options["init_prompt"] = str(_warm_start(config, cell, out_root, echo, runner))
+            if stored.get("start_sha256") == start_prompt_sha(options.get("init_prompt")):
+                record["status"] = "done"
+                statuses.append(record)
+                echo(f"[{n}/{len(cells)}] {cell.id}: done in the committed summary (skipped)")
+                continue
+            echo(f"[{n}/{len(cells)}] {cell.id}: the committed result started from another prompt")
         if limit is not None and started_cells >= limit:
             record["status"] = "pending"
             statuses.append(record)
@@ -183,6 +232,7 @@ def run_experiment(
             "command": " ".join(["fedprompt", *args[1:]]),
             "returncode": code,
             "wall_seconds": previous.get("wall_seconds", 0.0) + wall,
+            "start_sha256": start_prompt_sha(options.get("init_prompt")),
         }
         cell_dir.mkdir(parents=True, exist_ok=True)
         meta_path.write_text(json.dumps(meta, indent=2))
@@ -199,7 +249,7 @@ def _warm_start(
     options = warm_start_options(config, cell)
     key = _key(options)
     folder = out_root / "warm" / key
-    prompt = out_root / "warm" / f"{key}.safetensors"
+    prompt = _warm_prompt_path(config, cell, out_root)
     if prompt.exists():
         return prompt.resolve()
     echo(f"warm start {key}: one client, {options['local_steps']} steps")
