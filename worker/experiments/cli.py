@@ -35,13 +35,7 @@ def run_command(
     starting prompt: a grid run in parts on different machines resumes where the last `report` left
     it."""
     from worker.experiments.config import ConfigError, expand, load_config
-    from worker.experiments.runner import (
-        committed_cells,
-        committed_match,
-        is_complete,
-        local_start_sha,
-        run_experiment,
-    )
+    from worker.experiments.runner import committed_cells, committed_match, is_complete, run_experiment
 
     try:
         cfg = load_config(config)
@@ -51,14 +45,12 @@ def run_command(
     committed = {} if rerun else committed_cells(figures, cfg.name)
     if dry_run:
         for cell in expand(cfg):
-            stored = committed_match(committed, cell)
-            local = local_start_sha(cfg, cell, out) if stored else None
             if is_complete(out / cfg.name / cell.id, cell.options):
                 state = "done"
-            elif stored is None or (local is not None and stored.get("start_sha256") != local):
-                state = "todo"
-            else:
+            elif committed_match(committed, cfg, cell, out) is not None:
                 state = "done (committed)"
+            else:
+                state = "todo"
             console.print(f"{state:16} {cell.id}")
         return
     statuses = run_experiment(cfg, out, echo=console.print, limit=limit, committed=committed)

@@ -11,13 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.experiments.config import Cell, ExperimentConfig, expand, matches
-from worker.experiments.runner import (
-    committed_cells,
-    committed_match,
-    local_start_sha,
-    normalised,
-    start_prompt_sha,
-)
+from worker.experiments.runner import committed_cells, committed_match, normalised, start_prompt_sha
 
 PERCENT = {
     "initial_accuracy",
@@ -107,11 +101,7 @@ def merge_committed(
     cell is known and is not the one the committed cell started from; a cell rerun here replaces it."""
     merged = []
     for cell, record in zip(expand(config), records, strict=True):
-        previous = None if record["done"] else committed_match(committed, cell)
-        if previous is not None:
-            local = local_start_sha(config, cell, out_root)
-            if local is not None and previous.get("start_sha256") != local:
-                previous = None
+        previous = None if record["done"] else committed_match(committed, config, cell, out_root)
         merged.append({**previous, "options": record["options"]} if previous is not None else record)
     return merged
 

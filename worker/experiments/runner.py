@@ -74,12 +74,17 @@ def committed_cells(fig_dir: Path, name: str) -> dict[str, dict[str, Any]]:
     return {r["cell"]: r for r in json.loads(path.read_text()).get("cells", []) if r.get("done")}
 
 
-def committed_match(committed: dict[str, dict[str, Any]], cell: Cell) -> dict[str, Any] | None:
+def committed_match(
+    committed: dict[str, dict[str, Any]], config: ExperimentConfig, cell: Cell, out_root: Path
+) -> dict[str, Any] | None:
     """The committed record of this cell when it ran with the same options (a summary written before
-    records carried their options matches by cell id alone). Whether it also started from the same
-    prompt is the caller's check (`start_prompt_sha`)."""
+    records carried their options matches by cell id alone) and, where this machine has the cell's
+    starting prompt (its --init-prompt, or the trained warm start), from that same prompt."""
     record = committed.get(cell.id)
     if record is None or record.get("options", normalised(cell.options)) != normalised(cell.options):
+        return None
+    local = local_start_sha(config, cell, out_root)
+    if local is not None and record.get("start_sha256") != local:
         return None
     return record
 
@@ -201,16 +206,16 @@ def run_experiment(
             statuses.append(record)
             echo(f"[{n}/{len(cells)}] {cell.id}: done (skipped)")
             continue
-        stored = committed_match(committed or {}, cell)
-        if stored is not None:
+        if committed and cell.id in committed:
             if config.warm_start is not None and "init_prompt" not in options:
+                # the warm start first: a committed cell counts only if it started from this prompt
                 options["init_prompt"] = str(_warm_start(config, cell, out_root, echo, runner))
-            if stored.get("start_sha256") == start_prompt_sha(options.get("init_prompt")):
+            if committed_match(committed, config, cell, out_root) is not None:
                 record["status"] = "done"
                 statuses.append(record)
                 echo(f"[{n}/{len(cells)}] {cell.id}: done in the committed summary (skipped)")
                 continue
-            echo(f"[{n}/{len(cells)}] {cell.id}: the committed result started from another prompt")
+            echo(f"[{n}/{len(cells)}] {cell.id}: the committed result ran with other options or prompt")
         if limit is not None and started_cells >= limit:
             record["status"] = "pending"
             statuses.append(record)
