@@ -77,6 +77,24 @@ def _loadgen(url: str, out: Path, k: int, hidden: int, args: argparse.Namespace,
     return json.loads(out.read_text())
 
 
+def _timeline(
+    trace: list[list[Any]], opened: dict[int, float], made: dict[int, float]
+) -> list[dict[str, Any]]:
+    """Per second after each round opened: requests sent by kind and the worst upload latency."""
+    out = []
+    for number, start in sorted(opened.items()):
+        end = made.get(number, float("inf"))
+        per_s: dict[int, dict[str, Any]] = defaultdict(lambda: defaultdict(int))
+        for kind, sent, dt in trace:
+            if start <= sent < end:
+                cell = per_s[int(sent - start)]
+                cell[kind] += 1
+                if kind == "upload":
+                    cell["upload_max_s"] = max(cell["upload_max_s"], round(dt, 3))
+        out.append({"round": number, "seconds": {s: dict(v) for s, v in sorted(per_s.items())}})
+    return out
+
+
 def _upload_rate(upload_times: list[list[float]]) -> float | None:
     """Uploads per second within each round's upload window, averaged over rounds (weighted by uploads)."""
     per_round: dict[int, list[float]] = defaultdict(list)
@@ -178,6 +196,7 @@ def run_coordinator(backend: str, k: int, c: float, hidden: int, args: argparse.
         "coordinator_cpu_s": cpu,
         "coordinator_peak_rss_mib": peak,
         "loadgen_cpu_s": load["cpu_seconds"],
+        "timeline": _timeline(load["trace"], opened, made),
         "wall_s": wall,
         **({"profile": profile} if profile else {}),
     }
@@ -239,7 +258,8 @@ def _profiler(pid: int, args: argparse.Namespace, label: str) -> tuple[subproces
     out = Path(args.profile) / f"coordinator-{label}.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(pid), "-r", "50"]
-    cmd += ["--format", "raw", "--nonblocking", "-o", str(out)]
+    # --gil: only the thread holding the interpreter lock, i.e. where the coordinator's CPU goes
+    cmd += ["--format", "raw", "--nonblocking", "--gil", "-o", str(out)]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out
 
 

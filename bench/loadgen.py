@@ -4,7 +4,8 @@ Run by ``bench.ingest`` as a separate process; writes one JSON file of latencies
 
 Each simulated worker enrols with the enrolment token, then loops as the real agent does: long-poll
 ``GET …/task?wait=W``; for an *evaluate* task download the version and report an evaluation; for a
-*train* task download the base version, "train" for a random time in [0, train_s] (the spread of
+*train* task download the base version unless it is the version it last downloaded (the real agent
+keeps that one, checked by its sha256), "train" for a random time in [0, train_s] (the spread of
 real local training, compressed) and upload a valid safetensors update; stop at *done*.
 ``--null`` drives the minimal endpoint of ``bench.null_server`` instead: enrol, then per round
 download and upload the same bytes with the same pacing, nothing else.
@@ -39,6 +40,7 @@ class Recorder:
         self.error_samples: list[str] = []
         self.received: list[tuple[str, int, float]] = []  # (kind, round/version, wall time)
         self.upload_times: list[tuple[int, float]] = []  # (round, wall time of the acknowledgement)
+        self.trace: list[tuple[str, float, float]] = []  # (kind, wall time sent, seconds to answer)
 
     def error(self, what: str, detail: str) -> None:
         """Count an error and keep a few examples."""
@@ -50,7 +52,7 @@ class Recorder:
 async def _request(
     rec: Recorder, kind: str, http: httpx.AsyncClient, method: str, url: str, **kw: Any
 ) -> httpx.Response | None:
-    t0 = time.perf_counter()
+    sent, t0 = time.time(), time.perf_counter()
     try:
         resp = await http.request(method, url, **kw)
     except httpx.HTTPError as exc:
@@ -61,6 +63,7 @@ async def _request(
         rec.error(f"{kind} {resp.status_code}", resp.text)
         return None
     rec.lat[kind].append(dt)
+    rec.trace.append((kind, sent, dt))
     return resp
 
 
@@ -125,6 +128,17 @@ async def worker(
             if t is not None:
                 rec.upload_times.append((r, time.time()))
         return
+    have: str | None = None  # sha256 of the version last downloaded, as the agent keeps it
+
+    async def fetch(version: int, sha: str) -> bool:
+        nonlocal have
+        if have == sha:
+            return True
+        resp = await _request(rec, "download", http, "GET", f"{API}/{fid}/prompts/{version}", headers=auth)
+        if resp is not None:
+            have = sha
+        return resp is not None
+
     while not stop.is_set():
         resp = await _request(
             rec,
@@ -148,7 +162,7 @@ async def worker(
         rec.received.append((kind, int(task["round"] if kind == "train" else task["version"]), time.time()))
         if kind == "evaluate":
             v = int(task["version"])
-            if await _request(rec, "download", http, "GET", f"{API}/{fid}/prompts/{v}", headers=auth):
+            if await fetch(v, task["sha256"]):
                 await _request(
                     rec,
                     "evaluation",
@@ -160,7 +174,7 @@ async def worker(
                 )
         elif kind == "train":
             v, number = int(task["version"]), int(task["round"])
-            if await _request(rec, "download", http, "GET", f"{API}/{fid}/prompts/{v}", headers=auth):
+            if await fetch(v, task["sha256"]):
                 await asyncio.sleep(rnd.uniform(0, args.train_s))
                 body = blobs.get(v, i % 7, num_samples)
                 if await _request(
@@ -210,6 +224,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "error_samples": rec.error_samples,
         "received": rec.received,
         "upload_times": rec.upload_times,
+        "trace": rec.trace,
         "cpu_seconds": sum(os.times()[:2]),
     }
 
@@ -230,7 +245,14 @@ def main() -> None:
     ap.add_argument("--null", action="store_true")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    result = asyncio.run(run(args))
+    # the same event loop as the coordinator's (uvloop where installed): the generator's own CPU
+    # per request is part of every latency it measures, the null app's included
+    try:
+        import uvloop
+    except ImportError:
+        result = asyncio.run(run(args))
+    else:
+        result = uvloop.run(run(args))
     Path(args.out).write_text(json.dumps(result))
 
 

@@ -8,12 +8,15 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
+import anyio.to_thread
 from fastapi import Depends, FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi.staticfiles import StaticFiles
 
 from coordinator.api import problems
 from coordinator.api.body_limit import BodyLimitMiddleware
+from coordinator.api.longpoll import StampWatch
 from coordinator.api.routes import clients, dashboard, export, federations, health, rounds
 from coordinator.config import Settings
 from coordinator.dashboard import STATIC_DIR
@@ -44,9 +47,10 @@ async def _sweeper(service: Coordinator, interval: float) -> None:
 
 def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
     """Build the app for a settings object (admin token already resolved)."""
-    engine = make_engine(settings.url)
+    # a connection for every thread that can hold one (request threads, upload threads, the sweeper)
+    engine = make_engine(settings.url, pool_size=settings.threads + settings.upload_threads + 1)
     sessions = make_sessionmaker(engine)
-    service = Coordinator(sessions)
+    service = Coordinator(sessions, auth_cache_s=settings.auth_cache_s)
     metrics = CoordinatorMetrics(service.gauge_counts)
 
     def on_round_transition(transition: RoundTransition) -> None:
@@ -57,6 +61,9 @@ def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads
+        app.state.upload_limiter = anyio.CapacityLimiter(settings.upload_threads)
+        app.state.stamp_watch = StampWatch(service, settings.long_poll_interval_s)
         task = asyncio.create_task(_sweeper(service, settings.sweep_interval_s)) if sweep else None
         yield
         if task is not None:

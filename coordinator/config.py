@@ -65,6 +65,22 @@ class Settings(BaseSettings):
         "(httpx: 5 s), so a client never reuses a connection the server is closing.",
     )
     long_poll_interval_s: float = Field(0.25, gt=0)
+    threads: int = Field(
+        8, ge=1, le=1000, description="Threads that serve requests' database work (uploads excepted)."
+    )
+    upload_threads: int = Field(
+        8,
+        ge=1,
+        le=1000,
+        description="Threads of their own for uploads, so an upload never queues behind polls, "
+        "downloads and evaluation reports.",
+    )
+    auth_cache_s: float = Field(
+        30.0,
+        ge=0,
+        description="How long a checked client token is trusted without a database lookup (0: never); "
+        "a client revoked through another coordinator process is refused within this time.",
+    )
 
     @classmethod
     def settings_customise_sources(

@@ -176,10 +176,19 @@ class Event(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
-def make_engine(url: str) -> Engine:
-    """An engine with the right per-backend settings (SQLite: WAL, foreign keys, write-serialised)."""
+POOL_OVERFLOW = 5  # connections opened past pool_size when it is short, closed when given back
+
+
+def make_engine(url: str, *, pool_size: int = 10) -> Engine:
+    """An engine with the right per-backend settings (SQLite: WAL, foreign keys, write-serialised).
+
+    `pool_size`: connections kept open, one for each thread that can hold one at a time (a short
+    pool opens and closes connections, which costs a connect and, on SQLite, the pragmas).
+    """
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        memory = url in ("sqlite://", "sqlite:///:memory:") or "mode=memory" in url
+        pool = {} if memory else {"pool_size": pool_size, "max_overflow": POOL_OVERFLOW}
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **pool)
 
         @event.listens_for(engine, "connect")
         def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -202,7 +211,7 @@ def make_engine(url: str) -> Engine:
         return engine
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+    return create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=POOL_OVERFLOW)
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker:

@@ -16,12 +16,12 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, defer, sessionmaker
 
@@ -48,12 +48,18 @@ from coordinator.logic.aggregation import (
 )
 from coordinator.logic.ledger import ledger
 from coordinator.logic.selection import select_clients
+from coordinator.writelock import WriteLock
 from shared import export, wire
 from shared.privacy import gaussian_noise_multiplier, spent_epsilon
 from shared.spec import FederationSpec, PrivacySpec, initial_prompt
 
-# A poll within this many seconds of the client's last recorded one does not write last_seen_at again.
+# A poll does not write last_seen_at again within a tenth of the federation's availability timeout
+# of the client's last recorded one, and never more than this long (5 s until the process has read
+# the federation's spec).
+HEARTBEAT_MAX_INTERVAL_S = 60.0
 HEARTBEAT_MIN_INTERVAL_S = 5.0
+# Past this many cached tokens the authentication cache starts afresh (it holds one entry per client).
+AUTH_CACHE_MAX_ENTRIES = 100_000
 
 
 def hash_token(token: str) -> str:
@@ -82,17 +88,37 @@ class UploadResult:
 class Coordinator:
     """The service layer: routes call these methods and nothing else touches the database."""
 
-    def __init__(self, sessions: sessionmaker, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        sessions: sessionmaker,
+        *,
+        clock: Callable[[], float] = time.time,
+        auth_cache_s: float = 30.0,
+    ) -> None:
         self.sessions = sessions
         self.clock = clock
         self._stamps: dict[int, tuple[float, tuple[Any, ...]]] = {}  # fid -> (monotonic read time, stamp)
         self._stamps_lock = threading.Lock()
+        # What never changes once written, read on every request: specs and frozen prompt versions.
+        self._specs: dict[tuple[int, float], FederationSpec] = {}
+        self._heartbeat_s: dict[int, float] = {}  # fid -> seconds between recorded polls of a client
+        self._versions: dict[tuple[int, int], PromptVersion] = {}
+        # token hash -> (monotonic time checked, client): requests of a client within auth_cache_s of
+        # its last check skip the lookup. A revocation by this process drops the client's entry at
+        # once; one made by another process is refused here within auth_cache_s, and an upload checks
+        # revocation in its own transaction whatever the cache says.
+        self.auth_cache_s = auth_cache_s
+        self._auth: dict[str, tuple[float, Client]] = {}
+        bind = sessions.kw.get("bind")
+        self._write_lock = WriteLock() if bind is not None and bind.dialect.name == "sqlite" else None
 
     # -- plumbing -----------------------------------------------------------------------------
 
     @contextmanager
-    def _tx(self) -> Iterator[Session]:
-        with self.sessions() as session, session.begin():
+    def _tx(self, *, urgent: bool = False) -> Iterator[Session]:
+        """A writing transaction (on SQLite, queued on this process's WriteLock; urgent: an upload)."""
+        turn = self._write_lock.hold(urgent=urgent) if self._write_lock is not None else nullcontext()
+        with turn, self.sessions() as session, session.begin():
             session.connection(execution_options={WRITE_OPTION: True})
             yield session
 
@@ -101,14 +127,20 @@ class Coordinator:
         changes the federation or its rounds, shared (FOR SHARE) by uploads, which only need the round
         they add to to stay open, so concurrent uploads commit together and a round closes only once
         none is in flight. SQLite ignores both: its writing transactions are serialised as a whole."""
-        query = select(Federation).where(Federation.id == fid).with_for_update(read=shared)
+        query = (
+            select(Federation)
+            .options(defer(Federation.spec))
+            .where(Federation.id == fid)
+            .with_for_update(read=shared)
+        )
         fed = s.scalars(query).first()
         if fed is None:
             raise NotFound(f"federation {fid} does not exist; list them with GET /api/v1/federations")
         return fed
 
     def _federation(self, s: Session, fid: int) -> Federation:
-        fed = s.get(Federation, fid)
+        # the spec (a JSON document) is read only where spec_of has not validated it yet
+        fed = s.get(Federation, fid, options=[defer(Federation.spec)])
         if fed is None:
             raise NotFound(f"federation {fid} does not exist; list them with GET /api/v1/federations")
         return fed
@@ -124,10 +156,46 @@ class Coordinator:
             )
         )
 
-    @staticmethod
-    def spec_of(fed: Federation) -> FederationSpec:
-        """The federation's validated spec."""
-        return FederationSpec.model_validate(fed.spec)
+    def spec_of(self, fed: Federation) -> FederationSpec:
+        """The federation's validated spec (validated once per process: a spec never changes)."""
+        key = (fed.id, fed.created_at)
+        spec = self._specs.get(key)
+        if spec is None:
+            spec = self._specs[key] = FederationSpec.model_validate(fed.spec)
+            self._heartbeat_s[fed.id] = min(HEARTBEAT_MAX_INTERVAL_S, spec.availability_timeout_s / 10)
+        return spec
+
+    def _version(self, s: Session, fed: Federation, number: int) -> PromptVersion | None:
+        """A prompt version with its blob; kept in memory once it can no longer change (every version
+        but 0, and 0 once round 1 has opened). Versions are 30 KB–2 MB; a federation has one per round."""
+        key = (fed.id, number)
+        pv = self._versions.get(key)
+        if pv is not None:
+            return pv
+        pv = s.scalars(
+            select(PromptVersion).where(
+                PromptVersion.federation_id == fed.id, PromptVersion.version == number
+            )
+        ).first()
+        if pv is not None and (number > 0 or fed.current_round > 0):
+            s.expunge(pv)
+            self._versions[key] = pv
+        return pv
+
+    def _version_sha(self, s: Session, fed: Federation, number: int) -> str:
+        """The sha256 of an existing prompt version (without loading its blob unless it gets cached)."""
+        pv = self._versions.get((fed.id, number))
+        if pv is not None:
+            return pv.sha256
+        if number > 0 or fed.current_round > 0:
+            found = self._version(s, fed, number)
+            assert found is not None, f"federation {fed.id} has no prompt version {number}"
+            return found.sha256
+        return s.scalars(
+            select(PromptVersion.sha256).where(
+                PromptVersion.federation_id == fed.id, PromptVersion.version == number
+            )
+        ).one()
 
     # -- federations --------------------------------------------------------------------------
 
@@ -332,10 +400,22 @@ class Coordinator:
                 self._advance(s, fed, manual=False)
         return client, client_token
 
+    def cached_client(self, token: str) -> Client | None:
+        """The client of a token checked within the last auth_cache_s seconds, if any (no I/O)."""
+        hit = self._auth.get(hash_token(token))
+        return hit[1] if hit is not None and time.monotonic() - hit[0] < self.auth_cache_s else None
+
     def authenticate_client(self, fid: int, token: str) -> Client:
         """The client owning a bearer token in this federation (read-only: refusals change nothing)."""
-        with self.sessions() as s:
-            client = s.scalars(select(Client).where(Client.token_hash == hash_token(token))).first()
+        client = self.cached_client(token)
+        if client is None:
+            digest = hash_token(token)
+            with self.sessions() as s:
+                client = s.scalars(select(Client).where(Client.token_hash == digest)).first()
+            if client is not None and client.revoked_at is None and self.auth_cache_s > 0:
+                if len(self._auth) >= AUTH_CACHE_MAX_ENTRIES:
+                    self._auth.clear()
+                self._auth[digest] = (time.monotonic(), client)
         if client is None:
             raise Unauthorized("unknown client token; enrol again with an enrolment token")
         if client.federation_id != fid:
@@ -344,14 +424,20 @@ class Coordinator:
             raise Forbidden(f"client {client.id} was revoked by the operator")
         return client
 
+    def heartbeat_due(self, client: Client) -> bool:
+        """Whether a poll should record the client as seen (not when it was, moments ago: availability
+        is judged in minutes, so the write transaction is spared)."""
+        interval = self._heartbeat_s.get(client.federation_id, HEARTBEAT_MIN_INTERVAL_S)
+        return not 0 <= self.clock() - client.last_seen_at < interval
+
     def heartbeat(self, client: Client) -> None:
         """Record that a client is alive (its task poll); unseen clients are not selected."""
-        if 0 <= self.clock() - client.last_seen_at < HEARTBEAT_MIN_INTERVAL_S:
-            return  # seen moments ago: spare the write transaction (availability is judged in minutes)
+        if not self.heartbeat_due(client):
+            return
+        now = self.clock()
         with self._tx() as s:
-            row = s.get(Client, client.id)
-            if row is not None:
-                row.last_seen_at = self.clock()
+            s.execute(update(Client).where(Client.id == client.id).values(last_seen_at=now))
+        client.last_seen_at = now  # the cached copy too, so the next polls skip the write
 
     def list_clients(self, fid: int) -> list[dict[str, Any]]:
         """Every client with its activity."""
@@ -385,6 +471,8 @@ class Coordinator:
             if client.revoked_at is None:
                 client.revoked_at = self.clock()
                 self._event(s, fid, "client_revoked", f"client {cid} revoked")
+            token_hash = client.token_hash
+        self._auth.pop(token_hash, None)
 
     # -- rounds -------------------------------------------------------------------------------
 
@@ -751,23 +839,22 @@ class Coordinator:
                     raise NotFound(
                         f"prompt version {number} does not exist; the latest is {fed.latest_version}"
                     )
-            pv = s.scalars(
-                select(PromptVersion).where(
-                    PromptVersion.federation_id == fid, PromptVersion.version == number
-                )
-            ).first()
+            pv = self._version(s, fed, number)
             if pv is None:
                 raise NotFound(f"prompt version {number} does not exist; the latest is {fed.latest_version}")
             if client is not None:
-                rnd = self._open_round(s, fid)
-                if rnd is not None and rnd.base_version == number:
-                    part = s.scalars(
-                        select(Participant).where(
-                            Participant.round_id == rnd.id, Participant.client_id == client.id
-                        )
-                    ).first()
-                    if part is not None and part.downloaded_bytes != len(pv.blob):
-                        record = part.id
+                part = s.execute(
+                    select(Participant.id, Participant.downloaded_bytes)
+                    .join(Round, Round.id == Participant.round_id)
+                    .where(
+                        Round.federation_id == fid,
+                        Round.state == "open",
+                        Round.base_version == number,
+                        Participant.client_id == client.id,
+                    )
+                ).first()
+                if part is not None and part.downloaded_bytes != len(pv.blob):
+                    record = part.id
         if record is not None:
             with self._tx() as s:
                 s.execute(
@@ -775,7 +862,7 @@ class Coordinator:
                 )
         return pv
 
-    def cached_stamp(self, fid: int, max_age: float) -> tuple[Any, ...] | None:
+    def _cached_stamp(self, fid: int, max_age: float) -> tuple[Any, ...] | None:
         """The federation's change stamp as this process last read it, if younger than max_age (no I/O)."""
         hit = self._stamps.get(fid)
         return hit[1] if hit is not None and time.monotonic() - hit[0] < max_age else None
@@ -785,7 +872,7 @@ class Coordinator:
         last change), read from the database at most once per max_age by this process: all the
         long-polls waiting on a federation share one query instead of each re-running next_task."""
         with self._stamps_lock:
-            stamp = self.cached_stamp(fid, max_age)
+            stamp = self._cached_stamp(fid, max_age)
             if stamp is None:
                 with self.sessions() as s:
                     row = s.execute(
@@ -805,49 +892,46 @@ class Coordinator:
         with self.sessions() as s:
             fed = self._federation(s, fid)
             spec = self.spec_of(fed)
-            latest = s.scalars(
-                select(PromptVersion).where(
-                    PromptVersion.federation_id == fid, PromptVersion.version == fed.latest_version
-                )
-            ).one()
+            latest = fed.latest_version
             evaluated = s.scalar(
-                select(func.count())
-                .select_from(Evaluation)
+                select(Evaluation.id)
                 .where(
                     Evaluation.federation_id == fid,
-                    Evaluation.version == latest.version,
+                    Evaluation.version == latest,
                     Evaluation.client_id == client.id,
                 )
+                .limit(1)
             )
-            if not evaluated:
+            if evaluated is None:
                 return {
                     "kind": "evaluate",
-                    "round": latest.version,
-                    "version": latest.version,
-                    "sha256": latest.sha256,
+                    "round": latest,
+                    "version": latest,
+                    "sha256": self._version_sha(s, fed, latest),
                 }
             rnd = self._open_round(s, fid)
             if rnd is not None:
-                selected = s.scalars(
-                    select(Participant).where(
-                        Participant.round_id == rnd.id, Participant.client_id == client.id
+                pending = s.scalar(  # selected for the round and not uploaded yet
+                    select(Participant.id)
+                    .outerjoin(
+                        Update,
+                        and_(
+                            Update.round_id == Participant.round_id, Update.client_id == Participant.client_id
+                        ),
                     )
-                ).first()
-                done = s.scalars(
-                    select(Update).where(Update.round_id == rnd.id, Update.client_id == client.id)
-                ).first()
-                if selected is not None and done is None:
-                    base = s.scalars(
-                        select(PromptVersion).where(
-                            PromptVersion.federation_id == fid, PromptVersion.version == rnd.base_version
-                        )
-                    ).one()
+                    .where(
+                        Participant.round_id == rnd.id,
+                        Participant.client_id == client.id,
+                        Update.id.is_(None),
+                    )
+                )
+                if pending is not None:
                     return {
                         "kind": "train",
                         "round": rnd.number,
                         "attempt": rnd.attempt,
                         "version": rnd.base_version,
-                        "sha256": base.sha256,
+                        "sha256": self._version_sha(s, fed, rnd.base_version),
                         "deadline_at": rnd.deadline_at,
                         "config": {
                             "local_steps": spec.local_steps,
@@ -890,48 +974,58 @@ class Coordinator:
         metrics: dict[str, Any],
         base_version: str | None,
     ) -> UploadResult:
-        """Store a validated update in one transaction, or say why it cannot be (see upload)."""
-        with self._tx() as s:
-            fed = self._lock_federation(s, fid, shared=True)
-            attempts = s.scalars(
-                select(Round)
+        """Store a validated update in one transaction, or say why it cannot be (see upload).
+
+        Column reads and a Core insert, no ORM objects: on SQLite this transaction holds the write
+        lock, so its length bounds how many uploads a second the coordinator takes."""
+        with self._tx(urgent=True) as s:
+            current_round = s.scalar(  # FOR SHARE: see _lock_federation
+                select(Federation.current_round).where(Federation.id == fid).with_for_update(read=True)
+            )
+            if current_round is None:
+                raise NotFound(f"federation {fid} does not exist; list them with GET /api/v1/federations")
+            attempts = s.execute(
+                select(Round.id, Round.attempt, Round.state, Round.base_version)
                 .where(Round.federation_id == fid, Round.number == number)
                 .order_by(Round.attempt.desc())
             ).all()
             if not attempts:
-                raise NotFound(
-                    f"round {number} has not been opened; the current round is {fed.current_round}"
-                )
+                raise NotFound(f"round {number} has not been opened; the current round is {current_round}")
             current = attempts[0]
-            previous = s.scalars(
-                select(Update).where(
-                    Update.round_id.in_([r.id for r in attempts]), Update.client_id == client.id
+            previous = {
+                row.round_id: row
+                for row in s.execute(
+                    select(Update.round_id, Update.sha256, Update.num_samples, Update.size).where(
+                        Update.round_id.in_([r.id for r in attempts]), Update.client_id == client.id
+                    )
                 )
-            ).all()
+            }
             for rnd in attempts:  # an identical re-send of an acknowledged upload: same answer
-                upd = next((u for u in previous if u.round_id == rnd.id), None)
+                upd = previous.get(rnd.id)
                 if upd is not None and upd.sha256 == digest:
                     return UploadResult(
                         False, number, rnd.attempt, client.id, digest, upd.num_samples, upd.size
                     )
             if current.state != "open":
-                raise Gone(f"round {number} is {current.state}; the current round is {fed.current_round}")
-            if any(u.round_id == current.id for u in previous):
+                raise Gone(f"round {number} is {current.state}; the current round is {current_round}")
+            if current.id in previous:
                 raise _no_replacing(client.id, number)
-            selected = s.scalars(
-                select(Participant).where(
-                    Participant.round_id == current.id, Participant.client_id == client.id
-                )
+            selected = s.execute(
+                select(Participant.id, Client.revoked_at)
+                .join(Client, Client.id == Participant.client_id)
+                .where(Participant.round_id == current.id, Participant.client_id == client.id)
             ).first()
             if selected is None:
                 raise Forbidden(f"client {client.id} was not selected for round {number}")
+            if selected.revoked_at is not None:  # by another process, within its authentication cache
+                raise Forbidden(f"client {client.id} was revoked by the operator")
             if base_version is not None and base_version != str(current.base_version):
                 raise Conflict(
                     f"update was trained from prompt version {base_version}, but round {number} "
                     f"starts from version {current.base_version}; download it and train again"
                 )
-            s.add(
-                Update(
+            s.execute(
+                insert(Update).values(
                     round_id=current.id,
                     client_id=client.id,
                     blob=body,
@@ -942,7 +1036,6 @@ class Coordinator:
                     created_at=self.clock(),
                 )
             )
-            s.flush()
             return UploadResult(True, number, current.attempt, client.id, digest, num_samples, len(body))
 
     def _concurrent_upload(self, fid: int, number: int, client: Client, digest: str) -> UploadResult:
@@ -971,35 +1064,36 @@ class Coordinator:
 
     def report_evaluation(self, fid: int, version: int, client: Client, payload: dict[str, Any]) -> bool:
         """Store a client's evaluation of a prompt version; a repeat is a no-op. True if stored."""
-        with self._tx() as s:
-            fed = self._federation(s, fid)
-            if version < 0 or version > fed.latest_version:
-                raise NotFound(f"prompt version {version} does not exist; the latest is {fed.latest_version}")
-            exists = s.scalars(
-                select(Evaluation).where(
-                    Evaluation.federation_id == fid,
-                    Evaluation.version == version,
-                    Evaluation.client_id == client.id,
+        try:
+            with self._tx() as s:  # column reads and a Core insert: short, like _store_update's
+                latest = s.scalar(select(Federation.latest_version).where(Federation.id == fid))
+                if latest is None:
+                    raise NotFound(f"federation {fid} does not exist; list them with GET /api/v1/federations")
+                if version < 0 or version > latest:
+                    raise NotFound(f"prompt version {version} does not exist; the latest is {latest}")
+                exists = s.scalar(
+                    select(Evaluation.id).where(
+                        Evaluation.federation_id == fid,
+                        Evaluation.version == version,
+                        Evaluation.client_id == client.id,
+                    )
                 )
-            ).first()
-            if exists is not None:
-                return False
-            s.add(
-                Evaluation(
-                    federation_id=fid,
-                    version=version,
-                    client_id=client.id,
-                    num_samples=int(payload["num_samples"]),
-                    accuracy=float(payload["accuracy"]),
-                    loss=None if payload.get("loss") is None else float(payload["loss"]),
-                    metrics=payload.get("metrics") or {},
-                    created_at=self.clock(),
+                if exists is not None:
+                    return False
+                s.execute(
+                    insert(Evaluation).values(
+                        federation_id=fid,
+                        version=version,
+                        client_id=client.id,
+                        num_samples=int(payload["num_samples"]),
+                        accuracy=float(payload["accuracy"]),
+                        loss=None if payload.get("loss") is None else float(payload["loss"]),
+                        metrics=payload.get("metrics") or {},
+                        created_at=self.clock(),
+                    )
                 )
-            )
-            try:
-                s.flush()
-            except IntegrityError:
-                return False
+        except IntegrityError:  # the same client's concurrent report committed first
+            return False
         return True
 
 

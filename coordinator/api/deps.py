@@ -18,12 +18,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from coordinator.config import Settings
@@ -43,17 +44,21 @@ def bearer(request: Request) -> str:
     return token.strip()
 
 
-def get_service(request: Request) -> Coordinator:
+# Dependencies that do no I/O are `async def`: FastAPI runs a plain `def` dependency in the request
+# thread pool, one hop (and a queue behind every busy thread) per dependency per request.
+
+
+async def get_service(request: Request) -> Coordinator:
     """The coordinator service of this app."""
     return request.app.state.service
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     """The settings of this app."""
     return request.app.state.settings
 
 
-def get_metrics(request: Request) -> CoordinatorMetrics:
+async def get_metrics(request: Request) -> CoordinatorMetrics:
     """The Prometheus metrics of this app."""
     return request.app.state.metrics
 
@@ -202,14 +207,28 @@ enrolment_scheme = HTTPBearer(
 Credentials = HTTPAuthorizationCredentials | None
 
 
-def require_admin(
+async def _authorize_client(
+    request: Request, scope: Scope, settings: Settings, service: Coordinator, fid: int
+) -> Client | None:
+    """`authorize` on the event loop when it needs no database (an admin token, a client token in the
+    service's authentication cache), else in a thread. An entry that expires between the two checks
+    costs one lookup on the loop."""
+    token = request.headers.get("authorization", "").partition(" ")[2].strip()
+    if service.cached_client(token) is not None or (
+        scope is Scope.ADMIN_OR_CLIENT and is_admin_token(token, settings)
+    ):
+        return authorize(request, scope, settings, service, fid)
+    return await run_in_threadpool(authorize, request, scope, settings, service, fid)
+
+
+async def require_admin(
     request: Request, settings: SettingsDep, _: Annotated[Credentials, Depends(admin_scheme)]
 ) -> None:
     """Admin routes."""
     authorize(request, Scope.ADMIN, settings)
 
 
-def require_client(
+async def require_client(
     request: Request,
     fid: IdPath,
     service: ServiceDep,
@@ -217,12 +236,12 @@ def require_client(
     _: Annotated[Credentials, Depends(client_scheme)],
 ) -> Client:
     """Client routes: the token must belong to an active client of this federation."""
-    client = authorize(request, Scope.CLIENT, settings, service, fid)
+    client = await _authorize_client(request, Scope.CLIENT, settings, service, fid)
     assert client is not None
     return client
 
 
-def require_admin_or_client(
+async def require_admin_or_client(
     request: Request,
     fid: IdPath,
     service: ServiceDep,
@@ -231,12 +250,12 @@ def require_admin_or_client(
     _c: Annotated[Credentials, Depends(client_scheme)],
 ) -> Client | None:
     """Routes both sides use: None for the admin, else the authenticated client."""
-    return authorize(request, Scope.ADMIN_OR_CLIENT, settings, service, fid)
+    return await _authorize_client(request, Scope.ADMIN_OR_CLIENT, settings, service, fid)
 
 
-def require_enrolment(
+async def require_enrolment(
     request: Request, fid: IdPath, _: Annotated[Credentials, Depends(enrolment_scheme)]
-) -> Iterator[str]:
+) -> AsyncIterator[str]:
     """The enrolment route: rate-limited per IP; the token itself is checked by the enrolment.
 
     A refused enrolment token (unknown, expired, used up) counts as a failed authentication.

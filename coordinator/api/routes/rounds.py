@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
+import anyio.to_thread
 from fastapi import APIRouter, BackgroundTasks, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
@@ -20,6 +20,7 @@ from coordinator.api.deps import (
     SettingsDep,
     read_limited_body,
 )
+from coordinator.api.longpoll import StampWatch
 from coordinator.api.problems import API_ERRORS, problem_responses
 from coordinator.api.schemas import EvaluationStored, EvaluationSummary, RoundSummary, Task, UploadReceipt
 from coordinator.db import MAX_ID
@@ -74,6 +75,7 @@ def get_evaluation(fid: IdPath, version: IdPath, service: ServiceDep) -> dict[st
     responses={204: {"description": "nothing to do yet; poll again after Retry-After"}},
 )
 async def task(
+    request: Request,
     fid: IdPath,
     client: ClientDep,
     service: ServiceDep,
@@ -82,20 +84,24 @@ async def task(
 ) -> Response:
     """The client's next task (evaluate / train / done), long-polling up to `wait` seconds."""
     deadline = time.monotonic() + min(wait, settings.long_poll_max_s)
-    await run_in_threadpool(service.heartbeat, client)
-    interval, seen = settings.long_poll_interval_s, None
+    if service.heartbeat_due(client):
+        await run_in_threadpool(service.heartbeat, client)
+    # the app's watch lives on its event loop (made by the lifespan); without one, a watch of its own
+    watch = getattr(request.app.state, "stamp_watch", None) or StampWatch(
+        service, settings.long_poll_interval_s
+    )
+    seen = None
     while True:
-        stamp = service.cached_stamp(fid, interval)
-        if stamp is None:
-            stamp = await run_in_threadpool(service.federation_stamp, fid, interval)
+        stamp = await watch.stamp(fid)
         if stamp != seen:  # only a change of the federation can bring this client a new task
             found = await run_in_threadpool(service.next_task, fid, client)
             if found is not None:
                 return JSONResponse(found)
             seen = stamp
-        if time.monotonic() >= deadline:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
             return Response(status_code=204, headers={"Retry-After": "1"})
-        await asyncio.sleep(interval)
+        await watch.wait_change(fid, seen, remaining)
 
 
 @router.put(
@@ -131,7 +137,9 @@ async def upload(
 ) -> JSONResponse:
     """Upload a trained prompt (safetensors body; metadata carries num_samples and metrics)."""
     body = await read_limited_body(request, settings.max_upload_bytes)
-    result = await run_in_threadpool(service.upload, fid, number, client, body)
+    # uploads have threads of their own (set up with the app's lifespan), see Settings.upload_threads
+    limiter = getattr(request.app.state, "upload_limiter", None)
+    result = await anyio.to_thread.run_sync(service.upload, fid, number, client, body, limiter=limiter)
     if result.created:
         background.add_task(service.after_upload, fid)
     payload = {

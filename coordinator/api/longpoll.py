@@ -1,0 +1,74 @@
+"""Long-polling: one reader of a federation's change stamp for all the task polls waiting on it.
+
+A waiting poll used to wake every FEDPROMPT_LONG_POLL_INTERVAL_S to look at the stamp; with a
+thousand clients waiting that is thousands of wake-ups a second on the event loop. Here, while any
+poll waits on a federation, a single task reads its stamp (`Coordinator.federation_stamp`, shared
+with the other requests of this process) every interval and wakes the waiting polls only when it
+changed; a poll otherwise sleeps until its deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from typing import Any
+
+from fastapi.concurrency import run_in_threadpool
+
+from coordinator.service import Coordinator
+
+Stamp = tuple[Any, ...]
+log = logging.getLogger("fedprompt.coordinator")
+
+
+class StampWatch:
+    """Change stamps of the federations that long-polls wait on (one event loop's)."""
+
+    def __init__(self, service: Coordinator, interval: float) -> None:
+        self.service, self.interval = service, interval
+        self._stamps: dict[int, Stamp] = {}  # the last stamp each running reader saw
+        self._changed: dict[int, asyncio.Event] = {}  # set (and replaced) when a stamp changes
+        self._waiting: Counter[int] = Counter()
+        self._readers: dict[int, asyncio.Task[None]] = {}
+
+    async def stamp(self, fid: int) -> Stamp:
+        """The federation's current stamp: the reader's if one runs, else read now."""
+        if fid in self._readers and fid in self._stamps:
+            return self._stamps[fid]
+        return await run_in_threadpool(self.service.federation_stamp, fid, self.interval)
+
+    async def wait_change(self, fid: int, seen: Stamp, timeout: float) -> None:
+        """Return once the federation's stamp is no longer `seen`, or after `timeout` seconds."""
+        self._waiting[fid] += 1
+        try:
+            self._stamps.setdefault(fid, seen)
+            if fid not in self._readers:
+                self._readers[fid] = asyncio.create_task(self._read(fid))
+            while self._stamps.get(fid) == seen:
+                event = self._changed.setdefault(fid, asyncio.Event())
+                await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            return
+        finally:
+            self._waiting[fid] -= 1
+            if self._waiting[fid] <= 0:
+                del self._waiting[fid]
+
+    async def _read(self, fid: int) -> None:
+        try:
+            while self._waiting[fid] > 0:
+                await asyncio.sleep(self.interval)
+                try:
+                    stamp = await run_in_threadpool(self.service.federation_stamp, fid, self.interval)
+                except Exception:  # a transient database error: the polls wait on, as they would
+                    log.exception("reading the change stamp of federation %s failed", fid)
+                    continue
+                if stamp != self._stamps.get(fid):
+                    self._stamps[fid] = stamp
+                    event = self._changed.pop(fid, None)
+                    if event is not None:
+                        event.set()
+        finally:  # no poll waits any more (or the loop is shutting down)
+            self._readers.pop(fid, None)
+            self._stamps.pop(fid, None)
