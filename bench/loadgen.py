@@ -1,4 +1,4 @@
-"""Load generator: K simulated workers (asyncio + httpx) driving one coordinator through full rounds.
+"""Load generator: K simulated workers (asyncio + aiohttp) driving one coordinator through full rounds.
 
 Run by ``bench.ingest`` as a separate process; writes one JSON file of latencies and counts.
 
@@ -20,10 +20,11 @@ import os
 import random
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 import numpy as np
 
 from shared import wire
@@ -49,22 +50,34 @@ class Recorder:
             self.error_samples.append(f"{what}: {detail[:300]}")
 
 
+@dataclass
+class Answer:
+    """A response's status and body, read whole (the latency includes reading the body)."""
+
+    status_code: int
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
 async def _request(
-    rec: Recorder, kind: str, http: httpx.AsyncClient, method: str, url: str, **kw: Any
-) -> httpx.Response | None:
+    rec: Recorder, kind: str, http: aiohttp.ClientSession, method: str, url: str, **kw: Any
+) -> Answer | None:
     sent, t0 = time.time(), time.perf_counter()
     try:
-        resp = await http.request(method, url, **kw)
-    except httpx.HTTPError as exc:
+        async with http.request(method, url, **kw) as resp:
+            answer = Answer(resp.status, await resp.read())
+    except (aiohttp.ClientError, TimeoutError) as exc:
         rec.error(f"{kind} {type(exc).__name__}", str(exc))
         return None
     dt = time.perf_counter() - t0
-    if resp.status_code >= 400:
-        rec.error(f"{kind} {resp.status_code}", resp.text)
+    if answer.status_code >= 400:
+        rec.error(f"{kind} {answer.status_code}", answer.body.decode(errors="replace"))
         return None
     rec.lat[kind].append(dt)
     rec.trace.append((kind, sent, dt))
-    return resp
+    return answer
 
 
 class Blobs:
@@ -91,7 +104,7 @@ class Blobs:
 
 async def worker(
     i: int,
-    http: httpx.AsyncClient,
+    http: aiohttp.ClientSession,
     args: argparse.Namespace,
     rec: Recorder,
     blobs: Blobs,
@@ -122,7 +135,7 @@ async def worker(
                 http,
                 "PUT",
                 f"{API}/{fid}/rounds/{r}/update",
-                content=blobs.get(r - 1, i % 7, num_samples),
+                data=blobs.get(r - 1, i % 7, num_samples),
                 headers=auth,
             )
             if t is not None:
@@ -148,7 +161,7 @@ async def worker(
             f"{API}/{fid}/task",
             params={"wait": args.wait},
             headers=auth,
-            timeout=args.wait + 120,
+            timeout=aiohttp.ClientTimeout(total=args.wait + 120),
         )
         if resp is None:
             await asyncio.sleep(1.0)
@@ -183,7 +196,7 @@ async def worker(
                     http,
                     "PUT",
                     f"{API}/{fid}/rounds/{number}/update",
-                    content=body,
+                    data=body,
                     headers={**auth, "Content-Type": "application/octet-stream"},
                 ):
                     rec.upload_times.append((number, time.time()))
@@ -195,9 +208,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     blobs = Blobs((args.tokens, args.hidden))
     stop = asyncio.Event()
     # idle connections are dropped long before the coordinator closes them (FEDPROMPT_KEEP_ALIVE_S, 30 s)
-    limits = httpx.Limits(max_connections=60, max_keepalive_connections=60, keepalive_expiry=2.0)
     pools = [
-        httpx.AsyncClient(base_url=args.url, limits=limits, timeout=120.0)
+        aiohttp.ClientSession(
+            base_url=args.url,
+            connector=aiohttp.TCPConnector(limit=60, keepalive_timeout=2.0),
+            timeout=aiohttp.ClientTimeout(total=120.0),
+        )
         for _ in range((args.clients + 49) // 50)
     ]
     t0 = time.time()
@@ -213,7 +229,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if t.exception() is not None:
             rec.error("generator", repr(t.exception()))
     for p in pools:
-        await p.aclose()
+        await p.close()
     t1 = time.time()
     return {
         "started_at": t0,

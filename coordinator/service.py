@@ -9,16 +9,18 @@ upload either lands in the round it was accepted for or is refused.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 from sqlalchemy import and_, func, insert, select, update
@@ -38,7 +40,8 @@ from coordinator.db import (
     Round,
     Update,
 )
-from coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound, Unauthorized
+from coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound, ServiceError, Unauthorized
+from coordinator.groupcommit import GroupCommit
 from coordinator.logic.aggregation import (
     AggregationError,
     AggregationResult,
@@ -85,6 +88,27 @@ class UploadResult:
     size: int
 
 
+@dataclass(frozen=True)
+class PendingUpload:
+    """A validated update on its way into the database (see Coordinator.upload)."""
+
+    number: int
+    client_id: int
+    body: bytes
+    digest: str
+    num_samples: int
+    metrics: dict[str, Any]
+    base_version: str | None
+
+
+class _Stored(NamedTuple):
+    """What the checks need of an update already stored."""
+
+    sha256: str
+    num_samples: int
+    size: int
+
+
 class Coordinator:
     """The service layer: routes call these methods and nothing else touches the database."""
 
@@ -100,8 +124,10 @@ class Coordinator:
         self._stamps: dict[int, tuple[float, tuple[Any, ...]]] = {}  # fid -> (monotonic read time, stamp)
         self._stamps_lock = threading.Lock()
         # What never changes once written, read on every request: specs and frozen prompt versions.
-        self._specs: dict[tuple[int, float], FederationSpec] = {}
+        self._specs: dict[int, FederationSpec] = {}  # a process serves one database; ids are never reused
         self._heartbeat_s: dict[int, float] = {}  # fid -> seconds between recorded polls of a client
+        self._uploads: dict[int, GroupCommit[PendingUpload, UploadResult]] = {}  # fid -> its group commit
+        self._selected: dict[int, int] = {}  # round attempt id -> clients selected (fixed at its start)
         self._versions: dict[tuple[int, int], PromptVersion] = {}
         # token hash -> (monotonic time checked, client): requests of a client within auth_cache_s of
         # its last check skip the lookup. A revocation by this process drops the client's entry at
@@ -158,14 +184,36 @@ class Coordinator:
 
     def spec_of(self, fed: Federation) -> FederationSpec:
         """The federation's validated spec (validated once per process: a spec never changes)."""
-        key = (fed.id, fed.created_at)
-        spec = self._specs.get(key)
+        spec = self._specs.get(fed.id)
+        return spec if spec is not None else self._remember_spec(fed.id, fed.spec)
+
+    def _spec(self, s: Session, fid: int) -> FederationSpec:
+        """spec_of by id: no database read once this process has validated the spec."""
+        spec = self._specs.get(fid)
         if spec is None:
-            spec = self._specs[key] = FederationSpec.model_validate(fed.spec)
-            self._heartbeat_s[fed.id] = min(HEARTBEAT_MAX_INTERVAL_S, spec.availability_timeout_s / 10)
+            raw = s.scalar(select(Federation.spec).where(Federation.id == fid))
+            if raw is None:
+                raise NotFound(f"federation {fid} does not exist; list them with GET /api/v1/federations")
+            spec = self._remember_spec(fid, raw)
         return spec
 
-    def _version(self, s: Session, fed: Federation, number: int) -> PromptVersion | None:
+    def _remember_spec(self, fid: int, raw: dict[str, Any]) -> FederationSpec:
+        spec = self._specs[fid] = FederationSpec.model_validate(raw)
+        self._heartbeat_s[fid] = min(HEARTBEAT_MAX_INTERVAL_S, spec.availability_timeout_s / 10)
+        return spec
+
+    def _fed_row(self, s: Session, fid: int) -> Any:
+        """The federation's changing columns as a plain row (the hot paths' cheap read of it)."""
+        row = s.execute(
+            select(
+                Federation.id, Federation.state, Federation.current_round, Federation.latest_version
+            ).where(Federation.id == fid)
+        ).first()
+        if row is None:
+            raise NotFound(f"federation {fid} does not exist; list them with GET /api/v1/federations")
+        return row
+
+    def _version(self, s: Session, fed: Any, number: int) -> PromptVersion | None:
         """A prompt version with its blob; kept in memory once it can no longer change (every version
         but 0, and 0 once round 1 has opened). Versions are 30 KB–2 MB; a federation has one per round."""
         key = (fed.id, number)
@@ -182,7 +230,7 @@ class Coordinator:
             self._versions[key] = pv
         return pv
 
-    def _version_sha(self, s: Session, fed: Federation, number: int) -> str:
+    def _version_sha(self, s: Session, fed: Any, number: int) -> str:
         """The sha256 of an existing prompt version (without loading its blob unless it gets cached)."""
         pv = self._versions.get((fed.id, number))
         if pv is not None:
@@ -587,7 +635,7 @@ class Coordinator:
             rid = rnd.id
         return self.round_detail(fid, rid=rid)
 
-    def _count_updates(self, s: Session, rnd: Round) -> int:
+    def _count_updates(self, s: Session, rnd: Any) -> int:
         return s.scalar(select(func.count()).select_from(Update).where(Update.round_id == rnd.id)) or 0
 
     def _aggregate(self, s: Session, fed: Federation, rnd: Round, *, by: str) -> None:
@@ -688,10 +736,14 @@ class Coordinator:
             if due:
                 self._close_if_due(fid)
 
-    def _all_uploaded(self, s: Session, rnd: Round) -> bool:
-        selected = s.scalar(
-            select(func.count()).select_from(Participant).where(Participant.round_id == rnd.id)
-        )
+    def _all_uploaded(self, s: Session, rnd: Any) -> bool:
+        selected = self._selected.get(rnd.id)  # fixed when the round opens
+        if selected is None:
+            selected = s.scalar(
+                select(func.count()).select_from(Participant).where(Participant.round_id == rnd.id)
+            )
+            if selected:
+                self._selected[rnd.id] = selected
         return bool(selected) and self._count_updates(s, rnd) >= selected
 
     def _close_if_due(self, fid: int) -> None:
@@ -827,7 +879,7 @@ class Coordinator:
         """A prompt version's blob ('latest' or a number); counts a participant's download."""
         record: int | None = None
         with self.sessions() as s:  # a read; the download is recorded below only when it changes
-            fed = self._federation(s, fid)
+            fed = self._fed_row(s, fid)
             if version == "latest":
                 number = fed.latest_version
             else:
@@ -890,8 +942,8 @@ class Coordinator:
     def next_task(self, fid: int, client: Client) -> dict[str, Any] | None:
         """What this client should do now: evaluate the latest prompt, train for a round, or nothing."""
         with self.sessions() as s:
-            fed = self._federation(s, fid)
-            spec = self.spec_of(fed)
+            fed = self._fed_row(s, fid)
+            spec = self._spec(s, fid)
             latest = fed.latest_version
             evaluated = s.scalar(
                 select(Evaluation.id)
@@ -909,7 +961,11 @@ class Coordinator:
                     "version": latest,
                     "sha256": self._version_sha(s, fed, latest),
                 }
-            rnd = self._open_round(s, fid)
+            rnd = s.execute(
+                select(Round.id, Round.number, Round.attempt, Round.base_version, Round.deadline_at).where(
+                    Round.federation_id == fid, Round.state == "open"
+                )
+            ).first()
             if rnd is not None:
                 pending = s.scalar(  # selected for the round and not uploaded yet
                     select(Participant.id)
@@ -946,97 +1002,122 @@ class Coordinator:
         return None
 
     def upload(self, fid: int, number: int, client: Client, body: bytes) -> UploadResult:
-        """Accept a client's update for a round: validated fully before anything is stored."""
+        """Accept a client's update for a round: validated fully before anything is stored, then
+        committed together with the other uploads arriving meanwhile (see _store_updates)."""
         digest = wire.sha256(body)
-        with self.sessions() as s:
-            spec = self.spec_of(self._federation(s, fid))
+        spec = self._specs.get(fid)
+        if spec is None:
+            with self.sessions() as s:
+                spec = self._spec(s, fid)
         try:
             tensors, meta = wire.decode_checked(body, spec.tensor_shapes())
         except wire.WireError as exc:
             raise Invalid(str(exc)) from None
         num_samples, metrics = _parse_update_metadata(meta, spec)
         del tensors  # validated; the blob is stored exactly as received
+        pending = PendingUpload(
+            number, client.id, body, digest, num_samples, metrics, meta.get("base_version")
+        )
+        batcher = self._uploads.get(fid)
+        if batcher is None:
+            batcher = self._uploads.setdefault(fid, GroupCommit(functools.partial(self._store_updates, fid)))
         try:
-            return self._store_update(
-                fid, number, client, body, digest, num_samples, metrics, meta.get("base_version")
-            )
+            return batcher.submit(pending)
         except IntegrityError:  # the same client's concurrent upload for this round committed first
             return self._concurrent_upload(fid, number, client, digest)
 
-    def _store_update(
-        self,
-        fid: int,
-        number: int,
-        client: Client,
-        body: bytes,
-        digest: str,
-        num_samples: int,
-        metrics: dict[str, Any],
-        base_version: str | None,
-    ) -> UploadResult:
-        """Store a validated update in one transaction, or say why it cannot be (see upload).
+    def _store_updates(
+        self, fid: int, items: Sequence[PendingUpload]
+    ) -> list[UploadResult | ServiceError | IntegrityError]:
+        """Store a batch of validated updates in one transaction; each item's answer, or why not."""
+        try:
+            return self._store_update_batch(fid, items)
+        except IntegrityError as exc:
+            if len(items) == 1:
+                return [exc]
+        # another process stored an update of one of these clients meanwhile: each on its own,
+        # so that only that one answers with the conflict
+        out: list[UploadResult | ServiceError | IntegrityError] = []
+        for item in items:
+            try:
+                out.extend(self._store_update_batch(fid, [item]))
+            except IntegrityError as exc:
+                out.append(exc)
+        return out
 
-        Column reads and a Core insert, no ORM objects: on SQLite this transaction holds the write
-        lock, so its length bounds how many uploads a second the coordinator takes."""
+    def _store_update_batch(
+        self, fid: int, items: Sequence[PendingUpload]
+    ) -> list[UploadResult | ServiceError]:
+        """The checks and inserts of a batch of uploads in one transaction: a handful of column reads
+        for the whole batch and one multi-row insert, no ORM objects. On SQLite this transaction
+        holds the write lock, so its length bounds how many uploads a second the coordinator takes."""
         with self._tx(urgent=True) as s:
             current_round = s.scalar(  # FOR SHARE: see _lock_federation
                 select(Federation.current_round).where(Federation.id == fid).with_for_update(read=True)
             )
             if current_round is None:
-                raise NotFound(f"federation {fid} does not exist; list them with GET /api/v1/federations")
-            attempts = s.execute(
-                select(Round.id, Round.attempt, Round.state, Round.base_version)
-                .where(Round.federation_id == fid, Round.number == number)
-                .order_by(Round.attempt.desc())
-            ).all()
-            if not attempts:
-                raise NotFound(f"round {number} has not been opened; the current round is {current_round}")
-            current = attempts[0]
-            previous = {
-                row.round_id: row
+                return [
+                    NotFound(f"federation {fid} does not exist; list them with GET /api/v1/federations")
+                    for _ in items
+                ]
+            attempts: dict[int, list[Any]] = defaultdict(list)  # round number -> attempts, latest first
+            for row in s.execute(
+                select(Round.id, Round.number, Round.attempt, Round.state, Round.base_version)
+                .where(Round.federation_id == fid, Round.number.in_({i.number for i in items}))
+                .order_by(Round.number, Round.attempt.desc())
+            ):
+                attempts[row.number].append(row)
+            clients = {i.client_id for i in items}
+            round_ids = [r.id for rows in attempts.values() for r in rows]
+            stored: dict[tuple[int, int], _Stored] = {
+                (row.round_id, row.client_id): _Stored(row.sha256, row.num_samples, row.size)
                 for row in s.execute(
-                    select(Update.round_id, Update.sha256, Update.num_samples, Update.size).where(
-                        Update.round_id.in_([r.id for r in attempts]), Update.client_id == client.id
+                    select(
+                        Update.round_id, Update.client_id, Update.sha256, Update.num_samples, Update.size
+                    ).where(Update.round_id.in_(round_ids), Update.client_id.in_(clients))
+                )
+            }
+            selected = {
+                (row.round_id, row.client_id): row.revoked_at
+                for row in s.execute(
+                    select(Participant.round_id, Participant.client_id, Client.revoked_at)
+                    .join(Client, Client.id == Participant.client_id)
+                    .where(
+                        Participant.round_id.in_([rows[0].id for rows in attempts.values()]),
+                        Participant.client_id.in_(clients),
                     )
                 )
             }
-            for rnd in attempts:  # an identical re-send of an acknowledged upload: same answer
-                upd = previous.get(rnd.id)
-                if upd is not None and upd.sha256 == digest:
-                    return UploadResult(
-                        False, number, rnd.attempt, client.id, digest, upd.num_samples, upd.size
+            out: list[UploadResult | ServiceError] = []
+            rows: list[dict[str, Any]] = []
+            for item in items:
+                try:
+                    result = _check_update(
+                        item, attempts.get(item.number, []), stored, selected, current_round
                     )
-            if current.state != "open":
-                raise Gone(f"round {number} is {current.state}; the current round is {current_round}")
-            if current.id in previous:
-                raise _no_replacing(client.id, number)
-            selected = s.execute(
-                select(Participant.id, Client.revoked_at)
-                .join(Client, Client.id == Participant.client_id)
-                .where(Participant.round_id == current.id, Participant.client_id == client.id)
-            ).first()
-            if selected is None:
-                raise Forbidden(f"client {client.id} was not selected for round {number}")
-            if selected.revoked_at is not None:  # by another process, within its authentication cache
-                raise Forbidden(f"client {client.id} was revoked by the operator")
-            if base_version is not None and base_version != str(current.base_version):
-                raise Conflict(
-                    f"update was trained from prompt version {base_version}, but round {number} "
-                    f"starts from version {current.base_version}; download it and train again"
-                )
-            s.execute(
-                insert(Update).values(
-                    round_id=current.id,
-                    client_id=client.id,
-                    blob=body,
-                    sha256=digest,
-                    num_samples=num_samples,
-                    metrics=metrics,
-                    size=len(body),
-                    created_at=self.clock(),
-                )
-            )
-            return UploadResult(True, number, current.attempt, client.id, digest, num_samples, len(body))
+                except ServiceError as exc:
+                    out.append(exc)
+                    continue
+                out.append(result)
+                if result.created:  # a second upload of the same client in this batch sees this one
+                    stored[(attempts[item.number][0].id, item.client_id)] = _Stored(
+                        item.digest, item.num_samples, len(item.body)
+                    )
+                    rows.append(
+                        {
+                            "round_id": attempts[item.number][0].id,
+                            "client_id": item.client_id,
+                            "blob": item.body,
+                            "sha256": item.digest,
+                            "num_samples": item.num_samples,
+                            "metrics": item.metrics,
+                            "size": len(item.body),
+                            "created_at": self.clock(),
+                        }
+                    )
+            if rows:
+                s.execute(insert(Update), rows)
+        return out
 
     def _concurrent_upload(self, fid: int, number: int, client: Client, digest: str) -> UploadResult:
         """The answer to an upload that lost the race to an upload of the same client for the same
@@ -1056,8 +1137,8 @@ class Coordinator:
 
     def after_upload(self, fid: int) -> None:
         """Close the round now if that upload was the last one missing."""
-        with self.sessions() as s:
-            rnd = self._open_round(s, fid)
+        with self.sessions() as s:  # column reads: this runs after every upload
+            rnd = s.execute(select(Round.id).where(Round.federation_id == fid, Round.state == "open")).first()
             due = rnd is not None and self._all_uploaded(s, rnd)
         if due:
             self._close_if_due(fid)
@@ -1143,6 +1224,39 @@ def _no_replacing(client_id: int, number: int) -> Conflict:
         f"client {client_id} already uploaded a different update for round {number}; "
         "an update cannot be replaced"
     )
+
+
+def _check_update(
+    item: PendingUpload,
+    attempts: list[Any],
+    stored: dict[tuple[int, int], _Stored],
+    selected: dict[tuple[int, int], float | None],
+    current_round: int,
+) -> UploadResult:
+    """Whether a validated upload may be stored: an UploadResult (created: insert it; not created:
+    an identical re-send of an acknowledged upload), or the ServiceError that says why not."""
+    number, cid, digest = item.number, item.client_id, item.digest
+    if not attempts:
+        raise NotFound(f"round {number} has not been opened; the current round is {current_round}")
+    for rnd in attempts:  # an identical re-send of an acknowledged upload: same answer
+        upd = stored.get((rnd.id, cid))
+        if upd is not None and upd.sha256 == digest:
+            return UploadResult(False, number, rnd.attempt, cid, digest, upd.num_samples, upd.size)
+    current = attempts[0]
+    if current.state != "open":
+        raise Gone(f"round {number} is {current.state}; the current round is {current_round}")
+    if (current.id, cid) in stored:
+        raise _no_replacing(cid, number)
+    if (current.id, cid) not in selected:
+        raise Forbidden(f"client {cid} was not selected for round {number}")
+    if selected[(current.id, cid)] is not None:  # revoked by another process, within its auth cache
+        raise Forbidden(f"client {cid} was revoked by the operator")
+    if item.base_version is not None and item.base_version != str(current.base_version):
+        raise Conflict(
+            f"update was trained from prompt version {item.base_version}, but round {number} "
+            f"starts from version {current.base_version}; download it and train again"
+        )
+    return UploadResult(True, number, current.attempt, cid, digest, item.num_samples, len(item.body))
 
 
 def _count_per_client(s: Session, table: type[Participant] | type[Update], fid: int) -> dict[int, int]:

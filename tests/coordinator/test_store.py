@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -301,3 +302,31 @@ def test_every_acknowledged_upload_racing_a_close_is_aggregated(service: Coordin
         assert all(r.created for r in acknowledged)
         stats = service.round_detail(fid, 1)["stats"]
         assert stats["updates"] == 1 + len(acknowledged), (stats["updates"], results)
+
+
+def test_uploads_arriving_together_are_committed_together_each_with_its_own_answer(
+    service: Coordinator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fid, spec = _federation(service, min_clients=6, expected_clients=6)
+    clients = _enrol(service, fid, 6)
+    batches: list[int] = []
+    write = service._store_update_batch
+
+    def slow_write(fid_: int, items):  # type: ignore[no-untyped-def]
+        batches.append(len(items))
+        time.sleep(0.05)  # a slow disk: the other uploads queue behind this transaction
+        return write(fid_, items)
+
+    monkeypatch.setattr(service, "_store_update_batch", slow_write)
+    blobs = [update_blob(spec, i) for i in range(6)]
+    calls = [partial(service.upload, fid, 1, c, b) for c, b in zip(clients, blobs, strict=True)]
+    calls.append(partial(service.upload, fid, 1, clients[0], blobs[0]))  # a re-send: same answer
+    calls.append(partial(service.upload, fid, 1, clients[1], update_blob(spec, 99)))  # a different one
+    results = _race(*calls)
+    answers = sorted(type(r).__name__ for r in results)
+    assert answers == ["Conflict"] + ["UploadResult"] * 7, results
+    created = [r for r in results if not isinstance(r, Exception) and r.created]
+    assert sorted(r.client_id for r in created) == sorted(c.id for c in clients)  # each stored once
+    assert max(batches) > 1  # some uploads shared a transaction
+    service.after_upload(fid)
+    assert service.round_detail(fid, 1)["stats"]["updates"] == 6  # all six aggregated

@@ -1,0 +1,73 @@
+"""Group commit: concurrent callers' items written by one of them in a single transaction.
+
+Each upload used to be its own transaction. On SQLite, where one transaction writes at a time,
+that caps uploads at one per (begin + checks + insert + commit); a thousand clients uploading
+within seconds queue for seconds. Here a caller hands its item over and waits; whichever caller
+finds no batch being written takes every item waiting (its own included) and writes them all with
+one `write_batch` call, then wakes the others with their results; a caller whose item arrived
+while a batch was being written leads the next one. Each item still gets its own answer: a result,
+or the exception `write_batch` gave for it. Nothing is acknowledged before its batch committed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class _Slot(Generic[T, R]):
+    __slots__ = ("done", "error", "item", "result")
+
+    def __init__(self, item: T) -> None:
+        self.item = item
+        self.done = False
+        self.result: R | None = None
+        self.error: BaseException | None = None
+
+
+class GroupCommit(Generic[T, R]):
+    """Batches items of concurrent `submit` calls into `write_batch` calls, one at a time.
+
+    `write_batch(items)` returns one entry per item, in order: its result, or the exception to raise
+    in its caller. If `write_batch` itself raises, every caller of that batch gets the exception.
+    """
+
+    def __init__(self, write_batch: Callable[[Sequence[T]], Sequence[R | BaseException]]) -> None:
+        self._write_batch = write_batch
+        self._cond = threading.Condition()
+        self._waiting: list[_Slot[T, R]] = []
+        self._writing = False
+
+    def submit(self, item: T) -> R:
+        """Write `item` (with whatever else is waiting) and return its result once committed."""
+        slot: _Slot[T, R] = _Slot(item)
+        with self._cond:
+            self._waiting.append(slot)
+            while self._writing and not slot.done:
+                self._cond.wait()
+            if not slot.done:  # nobody is writing: lead a batch of everything waiting
+                self._writing = True
+                batch, self._waiting = self._waiting, []
+        if not slot.done:
+            try:
+                outcomes: Sequence[R | BaseException] = self._write_batch([s.item for s in batch])
+                if len(outcomes) != len(batch):
+                    raise RuntimeError(f"write_batch answered {len(outcomes)} of {len(batch)} items")
+            except BaseException as exc:  # every caller of the batch gets it
+                outcomes = [exc] * len(batch)
+            with self._cond:
+                for s, outcome in zip(batch, outcomes, strict=True):
+                    if isinstance(outcome, BaseException):
+                        s.error = outcome
+                    else:
+                        s.result = outcome
+                    s.done = True
+                self._writing = False
+                self._cond.notify_all()
+        if slot.error is not None:
+            raise slot.error
+        return slot.result  # type: ignore[return-value]
