@@ -9,6 +9,7 @@ upload either lands in the round it was accepted for or is refused.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -86,6 +87,10 @@ class UploadResult:
     sha256: str
     num_samples: int
     size: int
+    # the round had every selected client's update once this one's batch was stored (then the
+    # caller closes it: after_upload); across replicas, a round two batches complete together is
+    # closed by the deadline sweep, within FEDPROMPT_SWEEP_INTERVAL_S
+    round_complete: bool = False
 
 
 @dataclass(frozen=True)
@@ -1117,6 +1122,16 @@ class Coordinator:
                     )
             if rows:
                 s.execute(insert(Update), rows)
+                for number in {
+                    i.number for i, r in zip(items, out, strict=True) if isinstance(r, UploadResult)
+                }:
+                    if self._all_uploaded(s, attempts[number][0]):
+                        out = [
+                            dataclasses.replace(r, round_complete=True)
+                            if isinstance(r, UploadResult) and r.created and r.round == number
+                            else r
+                            for r in out
+                        ]
         return out
 
     def _concurrent_upload(self, fid: int, number: int, client: Client, digest: str) -> UploadResult:

@@ -328,5 +328,6 @@ def test_uploads_arriving_together_are_committed_together_each_with_its_own_answ
     created = [r for r in results if not isinstance(r, Exception) and r.created]
     assert sorted(r.client_id for r in created) == sorted(c.id for c in clients)  # each stored once
     assert max(batches) > 1  # some uploads shared a transaction
+    assert any(r.round_complete for r in created)  # the batch that stored the last one says so
     service.after_upload(fid)
     assert service.round_detail(fid, 1)["stats"]["updates"] == 6  # all six aggregated

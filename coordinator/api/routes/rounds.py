@@ -140,7 +140,7 @@ async def upload(
     # uploads have threads of their own (set up with the app's lifespan), see Settings.upload_threads
     limiter = getattr(request.app.state, "upload_limiter", None)
     result = await anyio.to_thread.run_sync(service.upload, fid, number, client, body, limiter=limiter)
-    if result.created:
+    if result.round_complete:  # this upload's batch completed the round: aggregate it now
         background.add_task(service.after_upload, fid)
     payload = {
         "round": result.round,
