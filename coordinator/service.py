@@ -209,11 +209,8 @@ class Coordinator:
 
     def _fed_row(self, s: Session, fid: int) -> Any:
         """The federation's changing columns as a plain row (the hot paths' cheap read of it)."""
-        row = s.execute(
-            select(
-                Federation.id, Federation.state, Federation.current_round, Federation.latest_version
-            ).where(Federation.id == fid)
-        ).first()
+        columns = (Federation.id, Federation.state, Federation.current_round, Federation.latest_version)
+        row = s.connection().execute(select(*columns).where(Federation.id == fid)).first()
         if row is None:
             raise NotFound(f"federation {fid} does not exist; list them with GET /api/v1/federations")
         return row
@@ -947,10 +944,11 @@ class Coordinator:
     def next_task(self, fid: int, client: Client) -> dict[str, Any] | None:
         """What this client should do now: evaluate the latest prompt, train for a round, or nothing."""
         with self.sessions() as s:
+            c = s.connection()  # plain column reads on the Core connection: no ORM result processing
             fed = self._fed_row(s, fid)
             spec = self._spec(s, fid)
             latest = fed.latest_version
-            evaluated = s.scalar(
+            evaluated = c.scalar(
                 select(Evaluation.id)
                 .where(
                     Evaluation.federation_id == fid,
@@ -966,13 +964,13 @@ class Coordinator:
                     "version": latest,
                     "sha256": self._version_sha(s, fed, latest),
                 }
-            rnd = s.execute(
+            rnd = c.execute(
                 select(Round.id, Round.number, Round.attempt, Round.base_version, Round.deadline_at).where(
                     Round.federation_id == fid, Round.state == "open"
                 )
             ).first()
             if rnd is not None:
-                pending = s.scalar(  # selected for the round and not uploaded yet
+                pending = c.scalar(  # selected for the round and not uploaded yet
                     select(Participant.id)
                     .outerjoin(
                         Update,
@@ -1057,7 +1055,8 @@ class Coordinator:
         for the whole batch and one multi-row insert, no ORM objects. On SQLite this transaction
         holds the write lock, so its length bounds how many uploads a second the coordinator takes."""
         with self._tx(urgent=True) as s:
-            current_round = s.scalar(  # FOR SHARE: see _lock_federation
+            c = s.connection()  # column reads and a multi-row insert on the Core connection
+            current_round = c.scalar(  # FOR SHARE: see _lock_federation
                 select(Federation.current_round).where(Federation.id == fid).with_for_update(read=True)
             )
             if current_round is None:
@@ -1066,7 +1065,7 @@ class Coordinator:
                     for _ in items
                 ]
             attempts: dict[int, list[Any]] = defaultdict(list)  # round number -> attempts, latest first
-            for row in s.execute(
+            for row in c.execute(
                 select(Round.id, Round.number, Round.attempt, Round.state, Round.base_version)
                 .where(Round.federation_id == fid, Round.number.in_({i.number for i in items}))
                 .order_by(Round.number, Round.attempt.desc())
@@ -1076,7 +1075,7 @@ class Coordinator:
             round_ids = [r.id for rows in attempts.values() for r in rows]
             stored: dict[tuple[int, int], _Stored] = {
                 (row.round_id, row.client_id): _Stored(row.sha256, row.num_samples, row.size)
-                for row in s.execute(
+                for row in c.execute(
                     select(
                         Update.round_id, Update.client_id, Update.sha256, Update.num_samples, Update.size
                     ).where(Update.round_id.in_(round_ids), Update.client_id.in_(clients))
@@ -1084,7 +1083,7 @@ class Coordinator:
             }
             selected = {
                 (row.round_id, row.client_id): row.revoked_at
-                for row in s.execute(
+                for row in c.execute(
                     select(Participant.round_id, Participant.client_id, Client.revoked_at)
                     .join(Client, Client.id == Participant.client_id)
                     .where(
@@ -1121,7 +1120,7 @@ class Coordinator:
                         }
                     )
             if rows:
-                s.execute(insert(Update), rows)
+                c.execute(insert(Update), rows)
                 for number in {
                     i.number for i, r in zip(items, out, strict=True) if isinstance(r, UploadResult)
                 }:
