@@ -47,8 +47,9 @@ async def _sweeper(service: Coordinator, interval: float) -> None:
 
 def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
     """Build the app for a settings object (admin token already resolved)."""
-    # a connection for every thread that can hold one (request threads, upload threads, the sweeper)
-    engine = make_engine(settings.url, pool_size=settings.threads + settings.upload_threads + 1)
+    # a connection for every thread that can hold one at a time: the request threads, the upload
+    # thread writing a batch (the others wait for it without one), the sweep, the long-polls' reader
+    engine = make_engine(settings.url, pool_size=settings.threads + 3)
     sessions = make_sessionmaker(engine)
     service = Coordinator(sessions, auth_cache_s=settings.auth_cache_s)
     metrics = CoordinatorMetrics(service.gauge_counts)

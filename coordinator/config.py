@@ -69,11 +69,12 @@ class Settings(BaseSettings):
         8, ge=1, le=1000, description="Threads that serve requests' database work (uploads excepted)."
     )
     upload_threads: int = Field(
-        8,
+        32,
         ge=1,
         le=1000,
         description="Threads of their own for uploads, so an upload never queues behind polls, "
-        "downloads and evaluation reports.",
+        "downloads and evaluation reports; the uploads waiting together are committed in one "
+        "transaction by one of them, so more threads make larger batches, not more connections.",
     )
     auth_cache_s: float = Field(
         30.0,
