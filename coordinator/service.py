@@ -64,6 +64,9 @@ HEARTBEAT_MAX_INTERVAL_S = 60.0
 HEARTBEAT_MIN_INTERVAL_S = 5.0
 # Past this many cached tokens the authentication cache starts afresh (it holds one entry per client).
 AUTH_CACHE_MAX_ENTRIES = 100_000
+# Prompt versions kept in memory, first in first out: the ones read every round are the latest
+# (which workers evaluate) and the open round's base, the same version.
+VERSION_CACHE_ENTRIES = 8
 
 
 def hash_token(token: str) -> str:
@@ -133,7 +136,8 @@ class Coordinator:
         self._heartbeat_s: dict[int, float] = {}  # fid -> seconds between recorded polls of a client
         self._uploads: dict[int, GroupCommit[PendingUpload, UploadResult]] = {}  # fid -> its group commit
         self._selected: dict[int, int] = {}  # round attempt id -> clients selected (fixed at its start)
-        self._versions: dict[tuple[int, int], PromptVersion] = {}
+        self._versions: dict[tuple[int, int], PromptVersion] = {}  # oldest first, VERSION_CACHE_ENTRIES
+        self._versions_lock = threading.Lock()
         # token hash -> (monotonic time checked, client): requests of a client within auth_cache_s of
         # its last check skip the lookup. A revocation by this process drops the client's entry at
         # once; one made by another process is refused here within auth_cache_s, and an upload checks
@@ -229,7 +233,10 @@ class Coordinator:
         ).first()
         if pv is not None and (number > 0 or fed.current_round > 0):
             s.expunge(pv)
-            self._versions[key] = pv
+            with self._versions_lock:
+                self._versions[key] = pv
+                while len(self._versions) > VERSION_CACHE_ENTRIES:
+                    del self._versions[next(iter(self._versions))]
         return pv
 
     def _version_sha(self, s: Session, fed: Any, number: int) -> str:

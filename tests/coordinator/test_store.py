@@ -331,3 +331,21 @@ def test_uploads_arriving_together_are_committed_together_each_with_its_own_answ
     assert any(r.round_complete for r in created)  # the batch that stored the last one says so
     service.after_upload(fid)
     assert service.round_detail(fid, 1)["stats"]["updates"] == 6  # all six aggregated
+
+
+def test_prompt_versions_held_in_memory_stay_few_and_old_ones_are_read_again(service: Coordinator) -> None:
+    from coordinator.db import PromptVersion
+    from coordinator.service import VERSION_CACHE_ENTRIES
+
+    fid, spec = _federation(service, min_clients=1)
+    _enrol(service, fid, 1)  # round 1 opens: version 0 is final from now on
+    blobs = {v: update_blob(spec, v) for v in range(1, 2 * VERSION_CACHE_ENTRIES)}
+    with service.sessions.begin() as s:
+        s.add_all(
+            PromptVersion(federation_id=fid, version=v, blob=b, sha256=wire.sha256(b), created_at=0.0)
+            for v, b in blobs.items()
+        )
+    for _ in range(2):
+        for v, b in blobs.items():
+            assert service.get_prompt(fid, v).blob == b
+        assert len(service._versions) <= VERSION_CACHE_ENTRIES
