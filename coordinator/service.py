@@ -170,14 +170,14 @@ class Coordinator:
         )
         fed = s.scalars(query).first()
         if fed is None:
-            raise NotFound(f"federation {fid} does not exist; list them with GET /api/v1/federations")
+            raise _no_federation(fid)
         return fed
 
     def _federation(self, s: Session, fid: int) -> Federation:
         # the spec (a JSON document) is read only where spec_of has not validated it yet
         fed = s.get(Federation, fid, options=[defer(Federation.spec)])
         if fed is None:
-            raise NotFound(f"federation {fid} does not exist; list them with GET /api/v1/federations")
+            raise _no_federation(fid)
         return fed
 
     def _event(self, s: Session, fid: int, kind: str, message: str, round_number: int | None = None) -> None:
@@ -202,7 +202,7 @@ class Coordinator:
         if spec is None:
             raw = s.scalar(select(Federation.spec).where(Federation.id == fid))
             if raw is None:
-                raise NotFound(f"federation {fid} does not exist; list them with GET /api/v1/federations")
+                raise _no_federation(fid)
             spec = self._remember_spec(fid, raw)
         return spec
 
@@ -216,7 +216,7 @@ class Coordinator:
         columns = (Federation.id, Federation.state, Federation.current_round, Federation.latest_version)
         row = s.connection().execute(select(*columns).where(Federation.id == fid)).first()
         if row is None:
-            raise NotFound(f"federation {fid} does not exist; list them with GET /api/v1/federations")
+            raise _no_federation(fid)
         return row
 
     def _version(self, s: Session, fed: Any, number: int) -> PromptVersion | None:
@@ -231,7 +231,7 @@ class Coordinator:
                 PromptVersion.federation_id == fed.id, PromptVersion.version == number
             )
         ).first()
-        if pv is not None and (number > 0 or fed.current_round > 0):
+        if pv is not None and _final_version(fed, number):
             s.expunge(pv)
             with self._versions_lock:
                 self._versions[key] = pv
@@ -244,7 +244,7 @@ class Coordinator:
         pv = self._versions.get((fed.id, number))
         if pv is not None:
             return pv.sha256
-        if number > 0 or fed.current_round > 0:
+        if _final_version(fed, number):
             found = self._version(s, fed, number)
             assert found is not None, f"federation {fed.id} has no prompt version {number}"
             return found.sha256
@@ -1067,10 +1067,7 @@ class Coordinator:
                 select(Federation.current_round).where(Federation.id == fid).with_for_update(read=True)
             )
             if current_round is None:
-                return [
-                    NotFound(f"federation {fid} does not exist; list them with GET /api/v1/federations")
-                    for _ in items
-                ]
+                return [_no_federation(fid) for _ in items]
             attempts: dict[int, list[Any]] = defaultdict(list)  # round number -> attempts, latest first
             for row in c.execute(
                 select(Round.id, Round.number, Round.attempt, Round.state, Round.base_version)
@@ -1111,12 +1108,13 @@ class Coordinator:
                     continue
                 out.append(result)
                 if result.created:  # a second upload of the same client in this batch sees this one
-                    stored[(attempts[item.number][0].id, item.client_id)] = _Stored(
+                    round_id = attempts[item.number][0].id
+                    stored[(round_id, item.client_id)] = _Stored(
                         item.digest, item.num_samples, len(item.body)
                     )
                     rows.append(
                         {
-                            "round_id": attempts[item.number][0].id,
+                            "round_id": round_id,
                             "client_id": item.client_id,
                             "blob": item.body,
                             "sha256": item.digest,
@@ -1158,7 +1156,7 @@ class Coordinator:
 
     def after_upload(self, fid: int) -> None:
         """Close the round now if that upload was the last one missing."""
-        with self.sessions() as s:  # column reads: this runs after every upload
+        with self.sessions() as s:  # the upload route calls it when its batch completed the round
             rnd = s.execute(select(Round.id).where(Round.federation_id == fid, Round.state == "open")).first()
             due = rnd is not None and self._all_uploaded(s, rnd)
         if due:
@@ -1170,7 +1168,7 @@ class Coordinator:
             with self._tx() as s:  # column reads and a Core insert: short, like _store_update's
                 latest = s.scalar(select(Federation.latest_version).where(Federation.id == fid))
                 if latest is None:
-                    raise NotFound(f"federation {fid} does not exist; list them with GET /api/v1/federations")
+                    raise _no_federation(fid)
                 if version < 0 or version > latest:
                     raise NotFound(f"prompt version {version} does not exist; the latest is {latest}")
                 exists = s.scalar(
@@ -1238,6 +1236,16 @@ def _traffic_per_client(s: Session, fid: int) -> dict[int, dict[str, int]]:
             downloads=int(n), bytes_down=int(size)
         )
     return out
+
+
+def _final_version(fed: Any, number: int) -> bool:
+    """A prompt version that can no longer change: every one but 0, and 0 once round 1 has opened
+    (set_initial_prompt replaces it only before that)."""
+    return number > 0 or fed.current_round > 0
+
+
+def _no_federation(fid: int) -> NotFound:
+    return NotFound(f"federation {fid} does not exist; list them with GET /api/v1/federations")
 
 
 def _no_replacing(client_id: int, number: int) -> Conflict:

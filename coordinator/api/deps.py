@@ -35,13 +35,18 @@ from coordinator.ratelimit import RateLimiter
 from coordinator.service import Coordinator
 
 
+def _bearer_token(request: Request) -> str:
+    """The bearer token of a request, or '' if it sends none."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
 def bearer(request: Request) -> str:
     """The bearer token of a request, or a 401 that says how to send one."""
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = _bearer_token(request)
+    if not token:
         raise Unauthorized("missing bearer token: send the header 'Authorization: Bearer <token>'")
-    return token.strip()
+    return token
 
 
 # Dependencies that do no I/O are `async def`: FastAPI runs a plain `def` dependency in the request
@@ -213,7 +218,7 @@ async def _authorize_client(
     """`authorize` on the event loop when it needs no database (an admin token, a client token in the
     service's authentication cache), else in a thread. An entry that expires between the two checks
     costs one lookup on the loop."""
-    token = request.headers.get("authorization", "").partition(" ")[2].strip()
+    token = _bearer_token(request)
     if service.cached_client(token) is not None or (
         scope is Scope.ADMIN_OR_CLIENT and is_admin_token(token, settings)
     ):
