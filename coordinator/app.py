@@ -21,7 +21,7 @@ from coordinator.api.routes import clients, dashboard, export, federations, heal
 from coordinator.config import Settings
 from coordinator.dashboard import STATIC_DIR
 from coordinator.db import make_engine, make_sessionmaker
-from coordinator.logs import RequestContextMiddleware, bind_route_context
+from shared.logs import RequestContextMiddleware, bind_route_context
 from coordinator.metrics import (
     CoordinatorMetrics,
     MetricsMiddleware,

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from coordinator.config import ConfigError, Settings, require_admin_token
-from coordinator.logs import LogFormatOption
+from shared.logs import LogFormatOption
 
 app = typer.Typer(help="fedprompt coordinator: federated rounds over HTTP.", no_args_is_help=True)
 
@@ -51,7 +51,7 @@ def serve(
     import uvicorn
 
     from coordinator.app import create_app
-    from coordinator.logs import configure_logging
+    from shared.logs import configure_logging
     from coordinator.migrate import upgrade
 
     try:

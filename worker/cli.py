@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from coordinator.logs import LogFormatOption
+from shared.logs import LogFormatOption
 
 app = typer.Typer(
     help="fedprompt worker: trains a soft prompt locally against a frozen PLM.", no_args_is_help=True
@@ -109,7 +109,7 @@ def serve(
 ) -> None:
     """Enrol with the coordinator, then train and evaluate the global prompt on local data."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from coordinator.logs import configure_logging
+    from shared.logs import configure_logging
 
     client_name = name or f"{socket.gethostname()}-{partition_id}"
     try:
