@@ -21,7 +21,6 @@ from coordinator.api.routes import clients, dashboard, export, federations, heal
 from coordinator.config import Settings
 from coordinator.dashboard import STATIC_DIR
 from coordinator.db import make_engine, make_sessionmaker
-from shared.logs import RequestContextMiddleware, bind_route_context
 from coordinator.metrics import (
     CoordinatorMetrics,
     MetricsMiddleware,
@@ -31,6 +30,7 @@ from coordinator.metrics import (
 )
 from coordinator.ratelimit import RateLimiter
 from coordinator.service import Coordinator
+from shared.logs import RequestContextMiddleware, bind_route_context
 
 log = logging.getLogger("fedprompt.coordinator")
 

@@ -51,8 +51,8 @@ def serve(
     import uvicorn
 
     from coordinator.app import create_app
-    from shared.logs import configure_logging
     from coordinator.migrate import upgrade
+    from shared.logs import configure_logging
 
     try:
         configure_logging("info", log_format)

@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 
 from coordinator.app import create_app
 from coordinator.config import Settings
-from shared.logs import configure_logging, path_fields, request_id_from, resolve_format
 from coordinator.migrate import upgrade
+from shared.logs import configure_logging, path_fields, request_id_from, resolve_format
 from tests.helpers import ADMIN, SMALL_SPEC, update_blob
 
 ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
