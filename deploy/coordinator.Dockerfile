@@ -13,6 +13,7 @@ COPY coordinator ./coordinator
 COPY shared ./shared
 COPY migrations ./migrations
 COPY worker ./worker
+COPY sim ./sim
 # The package without extras: the coordinator's own dependencies, pinned by constraints.txt.
 RUN /opt/fedprompt/bin/pip install --no-compile -c constraints.txt . \
     && if /opt/fedprompt/bin/python -c "import torch" 2>/dev/null; then echo "torch in the coordinator image" >&2; exit 1; fi

@@ -22,6 +22,7 @@ COPY coordinator ./coordinator
 COPY shared ./shared
 COPY migrations ./migrations
 COPY worker ./worker
+COPY sim ./sim
 RUN /opt/fedprompt/bin/pip install --no-compile -c constraints.txt ".[worker]"
 
 FROM ${PYTHON_IMAGE}

@@ -355,6 +355,7 @@ def test_the_build_context_keeps_what_the_images_copy_and_drops_the_rest() -> No
         "shared",
         "migrations",
         "worker",
+        "sim",
     }
     assert not copied & ignored
     assert {".venv", ".git", "runs", "tests", "data", "**/secrets", ".env"} <= ignored

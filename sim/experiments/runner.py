@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from worker.experiments.config import Cell, ExperimentConfig, expand
+from sim.experiments.config import Cell, ExperimentConfig, expand
 
 # Options a cell may carry that simulate does not (yet) know, and the value that means "the default".
 DEFAULT_VALUES: dict[str, Any] = {"method": "prompt_tuning"}
@@ -26,7 +26,7 @@ DEFAULT_VALUES: dict[str, Any] = {"method": "prompt_tuning"}
 
 def simulate_options() -> set[str]:
     """The option names `fedprompt simulate` accepts (its function's parameters)."""
-    from worker.simulate import simulate_command
+    from sim.simulate import simulate_command
 
     return set(inspect.signature(simulate_command).parameters)
 

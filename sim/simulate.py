@@ -325,7 +325,7 @@ def write_results(
         writer.writerows(records)
     plot_accuracy(out / "accuracy.png", results)
     if results["initial_asr"] is not None or any(r.get("asr") is not None for r in records):
-        from worker.experiments.plots import plot_asr
+        from sim.experiments.plots import plot_asr
 
         plot_asr(out / "asr.png", results)
     return results

@@ -524,12 +524,12 @@ def _register_simulate() -> None:
 
     if importlib.util.find_spec("torch") is None:  # a coordinator-only install has no worker extra
         return
-    from worker.simulate import simulate_command
+    from sim.simulate import simulate_command
 
     app.command(
         "simulate", help="Run a whole federation on this machine (coordinator + K worker processes)."
     )(simulate_command)
-    from worker.experiments.cli import app as experiment_app
+    from sim.experiments.cli import app as experiment_app
 
     app.add_typer(experiment_app, name="experiment")
 

@@ -34,8 +34,8 @@ def run_command(
     summary (--figures/<name>.json, written by `report`) holds it with the same options and the same
     starting prompt: a grid run in parts on different machines resumes where the last `report` left
     it."""
-    from worker.experiments.config import ConfigError, expand, load_config
-    from worker.experiments.runner import committed_cells, committed_match, is_complete, run_experiment
+    from sim.experiments.config import ConfigError, expand, load_config
+    from sim.experiments.runner import committed_cells, committed_match, is_complete, run_experiment
 
     try:
         cfg = load_config(config)
@@ -71,8 +71,8 @@ def report_command(
     figures: FiguresOpt = Path("docs/results"),
 ) -> None:
     """Render each experiment's table and figures into RESULTS.md (between its markers)."""
-    from worker.experiments.config import ConfigError
-    from worker.experiments.report import report
+    from sim.experiments.config import ConfigError
+    from sim.experiments.report import report
 
     paths = configs or sorted(Path("experiments").glob("*.yaml"))
     try:

@@ -15,12 +15,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from coordinator import operator_cli
 from coordinator.app import create_app
 from coordinator.config import Settings
 from coordinator.db import Client
 from coordinator.migrate import upgrade
 from shared.client import CoordinatorClient
+from sim import operator_cli
 from tests.coordinator.conftest import FakeClock
 from tests.helpers import ADMIN, SMALL_SPEC, update_blob
 

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from worker.experiments.config import Cell, ExperimentConfig, expand, matches
-from worker.experiments.runner import committed_cells, committed_match, normalised, start_prompt_sha
+from sim.experiments.config import Cell, ExperimentConfig, expand, matches
+from sim.experiments.runner import committed_cells, committed_match, normalised, start_prompt_sha
 
 PERCENT = {
     "initial_accuracy",
@@ -241,7 +241,7 @@ def figures(
     config: ExperimentConfig, out_root: Path, records: list[dict[str, Any]], fig_dir: Path
 ) -> list[Path]:
     """Render the config's plots from finished cells; returns the files written."""
-    from worker.experiments.plots import plot_asr, plot_lines
+    from sim.experiments.plots import plot_asr, plot_lines
 
     written: list[Path] = []
     fig_dir.mkdir(parents=True, exist_ok=True)
@@ -288,7 +288,7 @@ def report(
     config_paths: Sequence[Path], out_root: Path, results_md: Path, fig_dir: Path, root: Path
 ) -> dict[str, list[dict[str, Any]]]:
     """Update RESULTS.md (generated blocks only), the figures and one summary JSON per experiment."""
-    from worker.experiments.config import load_config
+    from sim.experiments.config import load_config
 
     text = results_md.read_text() if results_md.exists() else "# Results\n"
     summaries: dict[str, list[dict[str, Any]]] = {}
