@@ -147,6 +147,21 @@ class PromptVersion(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
+class ServerOptimizerState(Base):
+    """A federation's server-optimiser state (momentum, second moments, step count) after the prompt
+    version it produced: float64 safetensors, written in the transaction that writes that version. Only
+    the latest is kept: the next round starts from it, and older ones are deleted as it is written."""
+
+    __tablename__ = "server_optimizer_states"
+    __table_args__ = (UniqueConstraint("federation_id", "version"),)  # its index serves the lookups
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    federation_id: Mapped[int] = mapped_column(ForeignKey("federations.id", ondelete="CASCADE"))
+    version: Mapped[int] = mapped_column(Integer)
+    optimizer: Mapped[str] = mapped_column(String(32))
+    blob: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
 class Evaluation(Base):
     """A client's metrics of one global prompt version on its local held-out data."""
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from pydantic import ValidationError
-from sqlalchemy import and_, func, insert, select, update
+from sqlalchemy import and_, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, defer, sessionmaker
 
@@ -39,10 +39,12 @@ from coordinator.db import (
     Participant,
     PromptVersion,
     Round,
+    ServerOptimizerState,
     Update,
 )
 from coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound, ServiceError, Unauthorized
 from coordinator.groupcommit import GroupCommit
+from coordinator.logic import server_optim
 from coordinator.logic.aggregation import (
     AggregationError,
     AggregationResult,
@@ -55,7 +57,7 @@ from coordinator.logic.selection import select_clients
 from coordinator.writelock import WriteLock
 from shared import export, wire
 from shared.privacy import gaussian_noise_multiplier, spent_epsilon
-from shared.spec import FederationSpec, PrivacySpec, initial_prompt
+from shared.spec import FederationSpec, PrivacySpec, ServerOptimizerSpec, initial_prompt
 
 # A poll does not write last_seen_at again within a tenth of the federation's availability timeout
 # of the client's last recorded one, and never more than this long (5 s until the process has read
@@ -674,6 +676,9 @@ class Coordinator:
                     params=spec.aggregation.params,
                     global_tensors=wire.decode(base.blob)[0],
                 )
+            server_step: dict[str, Any] | None = None
+            if spec.server_optimizer is not None and spec.server_optimizer.name != "fedavg":
+                result, server_step = self._server_step(s, fed.id, rnd, spec.server_optimizer, base, result)
         except AggregationError as exc:
             raise Conflict(f"aggregation failed: {exc}") from None
         version = rnd.number
@@ -711,6 +716,8 @@ class Coordinator:
         local_asr = {str(u.client_id): u.metrics["local_asr"] for u in updates if "local_asr" in u.metrics}
         if local_asr:  # what malicious clients report of their own prompt
             stats["local_asr"] = local_asr
+        if server_step is not None:
+            stats["server_optimizer"] = server_step
         if spec.privacy is not None:
             stats["privacy"] = _privacy_record(s, fed.id, spec.privacy, [u.client_id for u in updates])
         rnd.stats = stats  # assigned whole: a JSON column does not track in-place changes
@@ -725,6 +732,52 @@ class Coordinator:
         else:
             fed.state = "waiting"
             self._advance(s, fed, manual=False)
+
+    def _server_step(
+        self,
+        s: Session,
+        fid: int,
+        rnd: Round,
+        optimizer: ServerOptimizerSpec,
+        base: PromptVersion,
+        result: AggregationResult,
+    ) -> tuple[AggregationResult, dict[str, Any]]:
+        """Move the round's base prompt by the server optimiser, the aggregate giving the pseudo-gradient.
+
+        Its state after the base version is read, and the state after this round's version written, in
+        the aggregating transaction (federation lock held): it lives only in the database, so it
+        survives restarts and every replica steps from the same state. Only the latest state is kept.
+        """
+        held = s.scalars(
+            select(ServerOptimizerState.blob).where(
+                ServerOptimizerState.federation_id == fid, ServerOptimizerState.version == rnd.base_version
+            )
+        ).first()
+        state = server_optim.decode_state(held) if held is not None else {}
+        x = wire.decode(base.blob)[0]
+        step = server_optim.server_step(optimizer.name, x, result.tensors, state, optimizer.params())
+        s.execute(
+            delete(ServerOptimizerState).where(
+                ServerOptimizerState.federation_id == fid, ServerOptimizerState.version < rnd.number
+            )
+        )
+        s.add(
+            ServerOptimizerState(
+                federation_id=fid,
+                version=rnd.number,
+                optimizer=optimizer.name,
+                blob=server_optim.encode_state(step.state, {"optimizer": optimizer.name}),
+                created_at=self.clock(),
+            )
+        )
+        record = {
+            "name": optimizer.name,
+            **optimizer.params(),
+            "step": step.step,  # 1 in round 1; a lower one means the state was missing and restarted
+            "pseudo_gradient_norm": server_optim.distance(result.tensors, x),  # ||aggregate - base||
+            "update_norm": server_optim.distance(step.tensors, x),  # ||new prompt - base||
+        }
+        return AggregationResult(step.tensors, result.notes), record
 
     def sweep(self) -> None:
         """Enforce deadlines, close complete rounds and start due ones (run periodically by every process)."""

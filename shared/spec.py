@@ -12,7 +12,15 @@ from shared.methods import PROMPT_TENSOR, MethodConfig, MethodError, num_paramet
 from shared.methods import tensor_shapes as method_tensor_shapes
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-__all__ = ["DEFAULT_MODEL", "PROMPT_TENSOR", "AggregationSpec", "FederationSpec", "initial_prompt"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "PROMPT_TENSOR",
+    "SERVER_OPTIMIZER_DEFAULTS",
+    "AggregationSpec",
+    "FederationSpec",
+    "ServerOptimizerSpec",
+    "initial_prompt",
+]
 
 
 class AggregationSpec(BaseModel):
@@ -60,6 +68,88 @@ class PrivacySpec(BaseModel):
                 "delta applies to the gaussian mechanism only; the laplace mechanism is pure ε-DP"
             )
         return self
+
+
+# Hyper-parameters each server optimiser takes and their defaults: Flower's strategies of the same names
+# (FedAvgM: server_learning_rate, server_momentum; FedAdagrad/FedAdam/FedYogi: eta, beta_1, beta_2, tau),
+# except FedAvgM's momentum (Flower: 0, which is FedAvg; here 0.9) and tau (Flower's current default 1e-3
+# for all three; its older flwr.server.strategy FedAdam and FedAdagrad default to 1e-9).
+SERVER_OPTIMIZER_DEFAULTS: dict[str, dict[str, float]] = {
+    "fedavg": {},
+    "fedavgm": {"lr": 1.0, "momentum": 0.9},
+    "fedadagrad": {"lr": 0.1, "beta1": 0.0, "tau": 1e-3},
+    "fedadam": {"lr": 0.1, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3},
+    "fedyogi": {"lr": 0.01, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3},
+}
+
+
+class ServerOptimizerSpec(BaseModel):
+    """A server-side optimiser applied to each round's aggregate (Reddi et al., ICLR 2021).
+
+    The pseudo-gradient Δ = aggregate − previous global prompt is the optimiser's step direction;
+    its state (momentum, second moments) is kept in the database from round to round. Unset
+    hyper-parameters take the optimiser's defaults (SERVER_OPTIMIZER_DEFAULTS), and the stored spec
+    records the values used. Update rules: coordinator/logic/server_optim.py.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    name: Literal["fedavg", "fedavgm", "fedadagrad", "fedadam", "fedyogi"] = Field(
+        ...,
+        description="fedavg: the aggregate is the next prompt (no server optimiser, the same as null); "
+        "fedavgm: m = momentum·m + Δ, x += lr·m; fedadagrad / fedadam / fedyogi: adaptive steps "
+        "x += lr·m / (√v + tau) with m = beta1·m + (1 − beta1)·Δ and v the optimiser's second moment "
+        "(fedadam's step size bias-corrected, as Flower's FedAdam).",
+    )
+    lr: float | None = Field(
+        None,
+        gt=0,
+        le=100,
+        description="η, the server learning rate (default: fedavgm 1.0, fedadagrad and fedadam 0.1, fedyogi 0.01).",
+    )
+    momentum: float | None = Field(
+        None, ge=0, lt=1, description="fedavgm only: the momentum β of m = β·m + Δ (default 0.9)."
+    )
+    beta1: float | None = Field(
+        None,
+        ge=0,
+        lt=1,
+        description="fedadagrad, fedadam, fedyogi: decay of the first moment m (default 0.9; fedadagrad 0).",
+    )
+    beta2: float | None = Field(
+        None, ge=0, lt=1, description="fedadam, fedyogi: decay of the second moment v (default 0.99)."
+    )
+    tau: float | None = Field(
+        None,
+        gt=0,
+        le=10,
+        description="fedadagrad, fedadam, fedyogi: added to √v, bounds the step per element (default 1e-3).",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ServerOptimizerSpec:
+        takes = SERVER_OPTIMIZER_DEFAULTS[self.name]
+        given = [key for key in ("lr", "momentum", "beta1", "beta2", "tau") if getattr(self, key) is not None]
+        extra = [key for key in given if key not in takes]
+        if extra:
+            if self.name == "fedavg":
+                raise ValueError(
+                    f"fedavg takes no server hyper-parameters (the aggregate is the next prompt); "
+                    f"remove {extra}, or choose fedavgm for a server learning rate and momentum"
+                )
+            hint = ""
+            if "momentum" in extra:
+                hint = " (the adaptive optimisers' momentum is beta1)"
+            elif "beta2" in extra and self.name == "fedadagrad":
+                hint = " (fedadagrad's second moment is a plain sum, v = v + Δ²)"
+            raise ValueError(f"{self.name} takes {list(takes)}, not {extra}{hint}")
+        for key, value in takes.items():
+            if getattr(self, key) is None:
+                setattr(self, key, value)
+        return self
+
+    def params(self) -> dict[str, float]:
+        """The optimiser's hyper-parameters, every one it takes (defaults filled in)."""
+        return {key: getattr(self, key) for key in SERVER_OPTIMIZER_DEFAULTS[self.name]}
 
 
 class FederationSpec(BaseModel):
@@ -126,6 +216,11 @@ class FederationSpec(BaseModel):
     grad_clip: float = Field(1.0, ge=0, le=1e6)
     aggregation: AggregationSpec = Field(default_factory=AggregationSpec)
     privacy: PrivacySpec | None = Field(None, description="Local DP of every update (none: off).")
+    server_optimizer: ServerOptimizerSpec | None = Field(
+        None,
+        description="Server-side optimiser applied to each round's aggregate: fedavgm, fedadagrad, fedadam "
+        "or fedyogi with its hyper-parameters (none or fedavg: the aggregate is the next prompt, plain FedAvg).",
+    )
     seed: int = Field(0, ge=0, le=2**32 - 1)
     auto_advance: bool = True
 
