@@ -203,7 +203,12 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
     if url.startswith("sqlite"):
         memory = url in ("sqlite://", "sqlite:///:memory:") or "mode=memory" in url
         pool = {} if memory else {"pool_size": pool_size, "max_overflow": POOL_OVERFLOW}
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **pool)
+        engine = create_engine(
+            url,
+            connect_args={"timeout": 30, "check_same_thread": False},
+            hide_parameters=True,  # a statement's error names no values: tokens' hashes, names, blobs
+            **pool,
+        )
 
         @event.listens_for(engine, "connect")
         def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -230,7 +235,7 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
     # upload p99 went from 1.0-2.3 s to 0.33 s without it). A connection the server dropped (a restart,
     # a failover) fails the one request that meets it, and SQLAlchemy then replaces every pooled
     # connection (tests/coordinator/test_postgres_pool.py); workers retry that request.
-    return create_engine(url, pool_size=pool_size, max_overflow=POOL_OVERFLOW)
+    return create_engine(url, pool_size=pool_size, max_overflow=POOL_OVERFLOW, hide_parameters=True)
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker:

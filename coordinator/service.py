@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import json
 import math
+import re
 import secrets
 import threading
 import time
@@ -55,7 +55,7 @@ from coordinator.logic.aggregation import (
 from coordinator.logic.ledger import ledger
 from coordinator.logic.selection import select_clients
 from coordinator.writelock import WriteLock
-from shared import export, wire
+from shared import export, jsonlimits, wire
 from shared.privacy import gaussian_noise_multiplier, spent_epsilon
 from shared.spec import FederationSpec, PrivacySpec, ServerOptimizerSpec, initial_prompt
 
@@ -1427,6 +1427,11 @@ def _finite_number(value: Any) -> bool:
         return False
 
 
+# An integer as metadata carries it: ASCII digits only (str.isdigit() and int() also take '²', '١'),
+# ten at most (ids and counts are 32-bit).
+_DECIMAL = re.compile(r"[+-]?[0-9]{1,10}")
+
+
 def _parse_update_metadata(meta: dict[str, str], spec: FederationSpec) -> tuple[int, dict[str, Any]]:
     """num_samples and metrics from an update's safetensors metadata, checked."""
     if meta.get("format") != wire.FORMAT:
@@ -1439,20 +1444,18 @@ def _parse_update_metadata(meta: dict[str, str], spec: FederationSpec) -> tuple[
         raise Invalid(
             f"update comes from model {fingerprint}; the federation's model is {spec.model_fingerprint}"
         )
-    try:
-        num_samples = int(meta["num_samples"])
-    except (KeyError, ValueError):
-        raise Invalid(
-            "metadata 'num_samples' (a positive integer) is required in the safetensors header"
-        ) from None
+    raw = meta.get("num_samples")
+    if raw is None or not _DECIMAL.fullmatch(raw.strip()):
+        raise Invalid("metadata 'num_samples' (a positive integer) is required in the safetensors header")
+    num_samples = int(raw.strip())
     if num_samples < 1 or num_samples > MAX_ID:
         raise Invalid(f"metadata 'num_samples' must be a positive integer, got {num_samples}")
     metrics: dict[str, Any] = {}
     if "metrics" in meta:
-        try:
-            metrics = json.loads(meta["metrics"])
-        except (json.JSONDecodeError, RecursionError):  # RecursionError: nested too deep
-            raise Invalid("metadata 'metrics' must be a JSON object") from None
+        try:  # bounded: nesting depth and number length (a 5,000-digit number is refused, not parsed)
+            metrics = jsonlimits.loads(meta["metrics"], what="metadata 'metrics'")
+        except jsonlimits.JSONLimitError as exc:
+            raise Invalid(f"metadata 'metrics' must be a JSON object: {exc}") from None
         if not isinstance(metrics, dict) or not all(_finite_number(v) for v in metrics.values()):
             raise Invalid("metadata 'metrics' must be a JSON object of finite numbers")
     return num_samples, metrics

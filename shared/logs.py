@@ -4,16 +4,28 @@
 own ``logging.getLogger`` calls) through structlog's formatter, so every line has the same shape
 and carries the context bound to the request: ``request_id`` and, where the route has them,
 ``federation_id``, ``round`` and ``client_id``. Used by the coordinator and the worker.
+
+What never reaches a line (``redact``, the last processor before rendering): the value of any field
+named like a header, a cookie, a token, a password, a secret or a body; any token-shaped string
+(``fpe_…``, ``fpc_…``, ``Bearer …``) and any secret registered with ``register_secret`` (the admin
+token), wherever it appears, exception messages included. Error traces carry no frame locals and
+at most ``TRACE_FRAMES`` frames; strings are cut at ``MAX_FIELD_CHARS`` and a line that is still
+over ``MAX_EVENT_CHARS`` keeps only its head. The same warning or error (same logger, message,
+exception type and place) is written at most once per ``REPEAT_WINDOW_S``; the next one that is
+written says how many were left out (``repeats_suppressed``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Annotated, Any, Literal, TextIO
 
 import structlog
@@ -44,6 +56,170 @@ QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 
 access_log = logging.getLogger("fedprompt.access")
 
+REDACTED = "[redacted]"
+# Fields whose value is never written, by name (lower case, '-' read as '_'), and name endings.
+SECRET_FIELDS = frozenset(
+    {
+        "authorization",
+        "proxy_authorization",
+        "cookie",
+        "cookies",
+        "set_cookie",
+        "headers",
+        "token",
+        "password",
+        "passwd",
+        "secret",
+        "credentials",
+        "api_key",
+        "body",
+        "content",
+        "form",
+    }
+)
+SECRET_SUFFIXES = ("_token", "_password", "_secret", "_body", "_cookie", "_authorization", "_api_key")
+# Token-shaped strings: this project's enrolment and client tokens (fpe_, fpc_ and any fpX_ prefix),
+# and whatever follows "Bearer" or "Basic"; the admin token is any string, so it is registered.
+TOKEN_SHAPED = re.compile(r"\bfp[a-z]_[A-Za-z0-9_-]{6,}")
+AUTH_SCHEME = re.compile(r"(?i)\b(bearer|basic)(\s+|%20|\+)[^\s\"',;]+")
+MAX_FIELD_CHARS = 2000
+MAX_ITEMS = 50
+MAX_DEPTH = 6
+MAX_EVENT_CHARS = 16_000
+TRACE_FRAMES = 12
+REPEAT_WINDOW_S = 60.0
+_secrets: set[str] = set()
+
+
+def register_secret(value: str | None) -> None:
+    """A secret that is never written, wherever it appears (the admin token: it has no shape)."""
+    if value and len(value) >= 8:
+        _secrets.add(value)
+
+
+def _secret_field(key: Any) -> bool:
+    name = str(key).lower().replace("-", "_")
+    return name in SECRET_FIELDS or name.endswith(SECRET_SUFFIXES)
+
+
+def redact_text(text: str) -> str:
+    """A string with every token-shaped substring and registered secret replaced, cut to size."""
+    for secret in _secrets:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    text = TOKEN_SHAPED.sub(REDACTED, text)
+    text = AUTH_SCHEME.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
+    if len(text) > MAX_FIELD_CHARS:
+        text = f"{text[:MAX_FIELD_CHARS]}… [{len(text) - MAX_FIELD_CHARS} more characters]"
+    return text
+
+
+def redact_value(value: Any, depth: int = 0) -> Any:
+    """A field's value with secrets removed and its size bounded (strings, containers, depth)."""
+    if isinstance(value, str):
+        return redact_text(value)
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, bytes | bytearray | memoryview):
+        return f"[{len(value)} bytes]"  # never the bytes: a body, a blob
+    if depth >= MAX_DEPTH:
+        return "[nested too deep]"
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for i, (k, v) in enumerate(value.items()):
+            if i >= MAX_ITEMS:
+                out["…"] = f"{len(value) - MAX_ITEMS} more fields"
+                break
+            key = redact_text(str(k))
+            out[key] = REDACTED if _secret_field(k) and v not in (None, "") else redact_value(v, depth + 1)
+        return out
+    if isinstance(value, list | tuple | set | frozenset):
+        items = list(value)
+        kept = [redact_value(v, depth + 1) for v in items[:MAX_ITEMS]]
+        if len(items) > MAX_ITEMS:
+            kept.append(f"… {len(items) - MAX_ITEMS} more items")
+        return kept
+    return redact_text(str(value))
+
+
+def redact(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """structlog processor: no secret and nothing unbounded in any field (see the module's docstring)."""
+    out = redact_value(event_dict)
+    if len(json.dumps(out, default=str)) > MAX_EVENT_CHARS:  # still too large: keep its head
+        head = {k: out[k] for k in (*FIRST_KEYS, "request_id", "exc_type") if k in out}
+        exc = out.get("exception")
+        if isinstance(exc, list) and exc and isinstance(exc[-1], dict):
+            head["exc_type"] = exc[-1].get("exc_type")
+            head["exc_value"] = str(exc[-1].get("exc_value", ""))[:MAX_FIELD_CHARS]
+        elif isinstance(exc, str):
+            head["exception"] = exc[-MAX_FIELD_CHARS:]
+        head["truncated"] = f"the line was over {MAX_EVENT_CHARS} characters; fields dropped"
+        return head
+    return out
+
+
+class RepeatLimiter:
+    """At most `burst` records of one kind per `window_s` seconds; the rest are counted (pure logic)."""
+
+    def __init__(
+        self,
+        window_s: float = REPEAT_WINDOW_S,
+        burst: int = 1,
+        *,
+        max_kinds: int = 1024,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.window_s, self.burst, self.max_kinds, self.clock = window_s, burst, max_kinds, clock
+        self._kinds: OrderedDict[Any, list[float | int]] = OrderedDict()  # kind -> [start, seen, dropped]
+        self._lock = threading.Lock()
+
+    def admit(self, kind: Any) -> tuple[bool, int]:
+        """(write it?, how many of this kind were left out before it when it is written)."""
+        now = self.clock()
+        with self._lock:
+            entry = self._kinds.get(kind)
+            if entry is None or now - entry[0] >= self.window_s:
+                dropped = int(entry[2]) if entry is not None else 0
+                self._kinds[kind] = [now, 1, 0]
+                self._kinds.move_to_end(kind)
+                while len(self._kinds) > self.max_kinds:
+                    self._kinds.popitem(last=False)
+                return True, dropped
+            entry[1] += 1
+            if entry[1] <= self.burst:
+                return True, 0
+            entry[2] += 1
+            return False, 0
+
+
+class RepeatFilter(logging.Filter):
+    """A logging filter: the same warning or error is written at most once per window (RepeatLimiter)."""
+
+    def __init__(self, limiter: RepeatLimiter | None = None, level: int = logging.WARNING) -> None:
+        super().__init__()
+        self.limiter = limiter or RepeatLimiter()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < self.level:
+            return True
+        message = record.msg.get("event") if isinstance(record.msg, dict) else record.msg
+        kind: tuple[Any, ...] = (record.name, record.levelno, str(message)[:200])
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+            where = (tb.tb_frame.f_code.co_filename, tb.tb_lineno) if tb is not None else None
+            kind += (type(exc).__qualname__, where)
+        admitted, dropped = self.limiter.admit(kind)
+        if admitted and dropped:
+            if isinstance(record.msg, dict):
+                record.msg["repeats_suppressed"] = dropped
+            else:
+                record.repeats_suppressed = dropped
+        return admitted
+
 
 def resolve_format(fmt: str, stream: TextIO) -> Literal["json", "console"]:
     """'auto' means console on a terminal and JSON lines otherwise."""
@@ -61,9 +237,14 @@ def configure_logging(
     *,
     stream: TextIO | None = None,
     static: dict[str, Any] | None = None,
+    secrets: Iterable[str | None] = (),
 ) -> Literal["json", "console"]:
-    """Configure structlog and the root logger once per process; returns the format chosen."""
+    """Configure structlog and the root logger once per process; returns the format chosen.
+
+    `secrets`: strings never to write (see register_secret)."""
     stream = stream or sys.stderr
+    for secret in secrets:
+        register_secret(secret)
     chosen = resolve_format(fmt, stream)
     level_no = logging.getLevelName(level.upper()) if isinstance(level, str) else level
     if not isinstance(level_no, int):
@@ -94,18 +275,34 @@ def configure_logging(
         cache_logger_on_first_use=False,
     )
     if chosen == "json":
-        render: list[Any] = [
-            structlog.processors.dict_tracebacks,
-            structlog.processors.JSONRenderer(sort_keys=False, default=str),
-        ]
+        # the trace as data: no frame locals (they hold headers, tokens and bodies), a bounded number
+        # of frames; `redact` then cleans its messages like every other field
+        traces: Any = structlog.processors.ExceptionRenderer(
+            structlog.tracebacks.ExceptionDictTransformer(
+                show_locals=False, max_frames=TRACE_FRAMES, use_rich=False
+            )
+        )
+        render: list[Any] = [structlog.processors.JSONRenderer(sort_keys=False, default=str)]
     else:
-        render = [structlog.dev.ConsoleRenderer(colors=_colors(stream))]
+        traces = structlog.processors.format_exc_info  # plain text, no locals; rendered as it is
+        render = [
+            structlog.dev.ConsoleRenderer(
+                colors=_colors(stream), exception_formatter=structlog.dev.plain_traceback
+            )
+        ]
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder()],
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, tidy, *render],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            traces,
+            redact,
+            tidy,
+            *render,
+        ],
     )
     handler = logging.StreamHandler(stream)
     handler.setFormatter(formatter)
+    handler.addFilter(RepeatFilter())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
@@ -144,13 +341,20 @@ def request_id_from(value: str | None) -> str:
     return uuid.uuid4().hex
 
 
+_PATH_ID = re.compile(r"[0-9]{1,10}")  # ASCII digits only: str.isdigit() also takes '²', int() does not
+
+
 def path_fields(path_params: dict[str, Any]) -> dict[str, Any]:
-    """Log fields (federation_id, round, client_id) from a route's path parameters."""
+    """Log fields (federation_id, round, client_id) from a route's path parameters.
+
+    A value that is not a plain decimal id is kept as the (redacted, bounded) string it was."""
     out: dict[str, Any] = {}
     for param, field in PATH_FIELDS.items():
         if param in path_params:
             value = path_params[param]
-            out[field] = int(value) if isinstance(value, str) and value.isdigit() else value
+            if isinstance(value, str):
+                value = int(value) if _PATH_ID.fullmatch(value) else redact_text(value[:64])
+            out[field] = value
     return out
 
 

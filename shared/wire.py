@@ -16,6 +16,8 @@ import numpy as np
 from safetensors.numpy import load as _st_load
 from safetensors.numpy import save as _st_save
 
+from shared import jsonlimits
+
 FORMAT = "fedprompt/1"
 WIRE_DTYPE = np.dtype("float32")
 _MAX_HEADER = 1 << 20
@@ -49,10 +51,10 @@ def read_metadata(data: bytes) -> dict[str, str]:
     (header_len,) = struct.unpack("<Q", data[:8])
     if header_len > _MAX_HEADER or 8 + header_len > len(data):
         raise WireError("body is not a safetensors file (header length is larger than the body; truncated?)")
-    try:
-        header = json.loads(data[8 : 8 + header_len])
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise WireError(f"body is not a safetensors file (header is not JSON: {exc})") from None
+    try:  # bounded: nesting depth, number length (a header nested 100,000 deep is refused, not recursed)
+        header = jsonlimits.loads(data[8 : 8 + header_len], what="the safetensors header")
+    except jsonlimits.JSONLimitError as exc:
+        raise WireError(f"body is not a safetensors file ({exc})") from None
     if not isinstance(header, dict):
         raise WireError("body is not a safetensors file (header is not a JSON object)")
     meta = header.get("__metadata__") or {}

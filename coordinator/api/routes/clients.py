@@ -8,11 +8,14 @@ from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from coordinator.api.deps import AdminDep, EnrolmentDep, IdPath, ServiceDep
+from coordinator.api.jsonbody import BoundedJSONRoute
 from coordinator.api.problems import API_ERRORS, problem_responses
 from coordinator.api.schemas import ClientInfo, Enrolled, EnrolmentToken
 from coordinator.db import MAX_ID
 
-router = APIRouter(prefix="/api/v1/federations/{fid}", tags=["clients"], responses=API_ERRORS)
+router = APIRouter(
+    prefix="/api/v1/federations/{fid}", tags=["clients"], responses=API_ERRORS, route_class=BoundedJSONRoute
+)
 
 
 class TokenRequest(BaseModel):

@@ -5,9 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Response
 
 from coordinator.api.deps import AdminDep, IdPath, ServiceDep
+from coordinator.api.jsonbody import BoundedJSONRoute
 from coordinator.api.problems import API_ERRORS
 
-router = APIRouter(prefix="/api/v1/federations", tags=["export"], responses=API_ERRORS)
+router = APIRouter(
+    prefix="/api/v1/federations", tags=["export"], responses=API_ERRORS, route_class=BoundedJSONRoute
+)
 
 
 @router.get(

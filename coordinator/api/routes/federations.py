@@ -16,6 +16,7 @@ from coordinator.api.deps import (
     SettingsDep,
     read_limited_body,
 )
+from coordinator.api.jsonbody import BoundedJSONRoute
 from coordinator.api.problems import API_ERRORS, problem_responses
 from coordinator.api.schemas import Event, FederationStatus, InitialPrompt
 from coordinator.db import MAX_ID
@@ -23,7 +24,9 @@ from coordinator.errors import Invalid
 from coordinator.service import validate_spec
 from shared.spec import FederationSpec
 
-router = APIRouter(prefix="/api/v1/federations", tags=["federations"], responses=API_ERRORS)
+router = APIRouter(
+    prefix="/api/v1/federations", tags=["federations"], responses=API_ERRORS, route_class=BoundedJSONRoute
+)
 
 
 @router.post("", status_code=201, dependencies=[AdminDep], response_model=FederationStatus)

@@ -20,12 +20,15 @@ from coordinator.api.deps import (
     SettingsDep,
     read_limited_body,
 )
+from coordinator.api.jsonbody import BoundedJSONRoute
 from coordinator.api.longpoll import StampWatch
 from coordinator.api.problems import API_ERRORS, problem_responses
 from coordinator.api.schemas import EvaluationStored, EvaluationSummary, RoundSummary, Task, UploadReceipt
 from coordinator.db import MAX_ID
 
-router = APIRouter(prefix="/api/v1/federations/{fid}", tags=["rounds"], responses=API_ERRORS)
+router = APIRouter(
+    prefix="/api/v1/federations/{fid}", tags=["rounds"], responses=API_ERRORS, route_class=BoundedJSONRoute
+)
 
 
 @router.post(

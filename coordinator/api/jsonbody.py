@@ -1,0 +1,45 @@
+"""JSON request bodies parsed within limits (shared/jsonlimits.py) by every route that takes one.
+
+FastAPI parses a JSON body with ``await request.json()``; the routers of this API are built with
+``BoundedJSONRoute``, whose requests parse it with ``jsonlimits.loads`` instead: a body nested
+deeper than 64 levels, a number longer than 400 characters, a non-finite number or a lone
+surrogate is answered 400 problem+json before any model sees it (not a ``RecursionError`` or a
+database error later); a body that is not JSON at all is answered 422 as FastAPI does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import HTTPException, Request, Response
+from fastapi.routing import APIRoute
+
+from shared import jsonlimits
+
+
+class BoundedJSONRequest(Request):
+    """A request whose JSON body is parsed within jsonlimits' limits."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            try:
+                self._json = jsonlimits.loads(body, what="the request body")
+            except jsonlimits.JSONSyntaxError as exc:
+                raise exc.decode_error from None  # FastAPI answers it as before (422 json_invalid)
+            except jsonlimits.JSONLimitError as exc:
+                raise HTTPException(400, f"the request body could not be parsed: {exc}") from None
+        return self._json
+
+
+class BoundedJSONRoute(APIRoute):
+    """An API route whose request body JSON is parsed by BoundedJSONRequest."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def bounded(request: Request) -> Response:
+            return await handler(BoundedJSONRequest(request.scope, request.receive))
+
+        return bounded
