@@ -241,7 +241,7 @@ def figures(
     config: ExperimentConfig, out_root: Path, records: list[dict[str, Any]], fig_dir: Path
 ) -> list[Path]:
     """Render the config's plots from finished cells; returns the files written."""
-    from sim.experiments.plots import plot_asr, plot_lines
+    from sim.plots import plot_asr, plot_lines
 
     written: list[Path] = []
     fig_dir.mkdir(parents=True, exist_ok=True)

@@ -12,13 +12,14 @@ import inspect
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sim.argv import to_args
 from sim.experiments.config import Cell, ExperimentConfig, expand
+from sim.supervisor import bin_path
 
 # Options a cell may carry that simulate does not (yet) know, and the value that means "the default".
 DEFAULT_VALUES: dict[str, Any] = {"method": "prompt_tuning"}
@@ -29,18 +30,6 @@ def simulate_options() -> set[str]:
     from sim.simulate import simulate_command
 
     return set(inspect.signature(simulate_command).parameters)
-
-
-def to_args(options: dict[str, Any]) -> list[str]:
-    """Simulate command-line arguments from option names (underscores) and values."""
-    args: list[str] = []
-    for key, value in options.items():
-        if value is None or value is False:
-            continue
-        flag = "--" + key.replace("_", "-")
-        text = json.dumps(value) if isinstance(value, list | dict) else str(value)
-        args += [flag] if value is True else [flag, text]
-    return args
 
 
 def unsupported(options: dict[str, Any], known: set[str]) -> dict[str, Any]:
@@ -108,10 +97,6 @@ def local_start_sha(config: ExperimentConfig, cell: Cell, out_root: Path) -> str
     if config.warm_start is not None:
         return start_prompt_sha(_warm_prompt_path(config, cell, out_root))
     return None
-
-
-def _fedprompt() -> str:
-    return str(Path(sys.executable).parent / "fedprompt")
 
 
 def _env() -> dict[str, str]:
@@ -223,7 +208,7 @@ def run_experiment(
         started_cells += 1
         if config.warm_start is not None and "init_prompt" not in options:
             options["init_prompt"] = str(_warm_start(config, cell, out_root, echo, runner))
-        args = [_fedprompt(), "simulate", *to_args({**options, "out": str(cell_dir)})]
+        args = [bin_path("fedprompt"), "simulate", *to_args({**options, "out": str(cell_dir)})]
         echo(f"[{n}/{len(cells)}] {cell.id}: running")
         t0 = time.monotonic()
         code = runner(args, cell_dir / "simulate.log")
@@ -258,7 +243,11 @@ def _warm_start(
     if prompt.exists():
         return prompt.resolve()
     echo(f"warm start {key}: one client, {options['local_steps']} steps")
-    args = [_fedprompt(), "simulate", *to_args({**options, "out": str(folder), "save_prompt": str(prompt)})]
+    args = [
+        bin_path("fedprompt"),
+        "simulate",
+        *to_args({**options, "out": str(folder), "save_prompt": str(prompt)}),
+    ]
     code = runner(args, folder / "simulate.log")
     if code != 0 or not prompt.exists():
         raise RuntimeError(f"the warm-start run failed (exit {code}); see {folder / 'simulate.log'}")

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
+from sim.argv import to_args
 from sim.experiments import runner
 from sim.experiments.config import ConfigError, ExperimentConfig, cell_id, expand, load_config
 from sim.experiments.report import cell_metrics, committed_cells, pivot, replace_block, report
-from sim.experiments.runner import run_experiment, to_args
+from sim.experiments.runner import run_experiment
 
 CONFIG = """
 name: demo

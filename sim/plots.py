@@ -1,4 +1,4 @@
-"""Matplotlib figures of simulation results (PNG, headless)."""
+"""Matplotlib figures of simulation results (PNG, headless): one run's accuracy and ASR, a grid's lines."""
 
 from __future__ import annotations
 
@@ -13,6 +13,44 @@ def _pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def plot_accuracy(path: Path, results: dict[str, Any]) -> None:
+    """Global test accuracy per round (round 0: the initial prompt), with the baseline if any."""
+    from matplotlib.ticker import MaxNLocator
+
+    plt = _pyplot()
+    xs, ys = [], []
+    if results.get("initial_accuracy") is not None:
+        xs.append(0)
+        ys.append(results["initial_accuracy"])
+    for r in results["rounds"]:
+        if r["accuracy"] is not None:
+            xs.append(r["round"])
+            ys.append(r["accuracy"])
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    spec = results["spec"]
+    ax.plot(
+        xs,
+        [100 * y for y in ys],
+        marker="o",
+        label=f"federated (K={results.get('clients')}, C={spec['fraction']}, {results.get('partition', 'iid')})",
+    )
+    baseline = results.get("baseline")
+    if baseline and baseline.get("accuracy") is not None:
+        ax.axhline(
+            100 * baseline["accuracy"], color="tab:red", linestyle="--", label="centralised, same samples"
+        )
+        ax.set_ylim(top=max(ax.get_ylim()[1], 100 * baseline["accuracy"] + 2))  # keep the line off the frame
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(f"{results.get('dataset', '')} · {spec['model'].split('/')[-1]} · prompt tuning")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def plot_asr(path: Path, results: dict[str, Any]) -> None:

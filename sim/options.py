@@ -1,0 +1,302 @@
+"""`fedprompt simulate`'s options: parsed and checked before any process starts, then the federation spec.
+
+A bad option is a ValueError (or the worker's DataError / PartitionError / AttackError, all
+ValueErrors) whose message names the option; the command prints it as one line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shared.methods import METHODS
+from shared.spec import FederationSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulateOptions:
+    """Every option of `fedprompt simulate` (the command's parameters, one field each)."""
+
+    dataset: str
+    model: str
+    clients: int
+    fraction: float
+    rounds: int
+    local_steps: int
+    batch_size: int
+    lr: float
+    num_virtual_tokens: int
+    max_length: int
+    partition: str
+    seed: int
+    train_limit: int | None
+    eval_limit: int | None
+    template: str | None
+    verbalizer: str | None
+    database_url: str | None
+    out: Path
+    parallel: int | None
+    round_deadline: float
+    baseline: bool
+    device: str
+    malicious: int
+    poison_rate: float
+    target_label: int
+    trigger: str
+    trigger_position: str
+    attack: str
+    ldp_epsilon: float | None
+    ldp_clip: float | None
+    ldp_mechanism: str
+    ldp_delta: float | None
+    aggregation: str
+    init_prompt: Path | None
+    save_prompt: Path | None
+    method: str
+    encoder_type: str
+    encoder_hidden_size: int | None
+    prefix_projection: bool
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """The data set a simulation runs on: its folder, name and task (single sentences or pairs)."""
+
+    folder: Path
+    name: str
+    task: str
+
+
+def resolve_dataset_arg(dataset: str) -> Dataset:
+    """The data set of a name or folder."""
+    from worker.data import resolve_dataset
+
+    folder = resolve_dataset(dataset)
+    meta = json.loads((folder / "meta.json").read_text())
+    return Dataset(folder, folder.name, meta.get("task", "single"))
+
+
+def parse_aggregation(text: str) -> dict[str, Any]:
+    """'trimmed_mean:beta=0.2' or 'multi_krum:f=1,m=7' → {"name": ..., "params": {...}} (numbers parsed)."""
+    name, _, rest = text.strip().partition(":")
+    params: dict[str, Any] = {}
+    for item in filter(None, (x.strip() for x in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"--aggregation {text!r}: parameters are key=value, e.g. trimmed_mean:beta=0.2")
+        try:
+            number = float(value)
+        except ValueError:
+            params[key.strip()] = value.strip()
+            continue
+        params[key.strip()] = int(number) if number.is_integer() and "." not in value else number
+    if not name:
+        raise ValueError("--aggregation needs a rule name, e.g. fedavg, median or trimmed_mean:beta=0.2")
+    return {"name": name, "params": params}
+
+
+def privacy_spec(
+    mechanism: str, epsilon: float | None, clip: float | None, delta: float | None
+) -> dict[str, Any] | None:
+    """The federation's privacy block from the --ldp-* options (None: LDP off), validated by PrivacySpec."""
+    from pydantic import ValidationError
+
+    from shared.spec import PrivacySpec
+
+    if epsilon is None and clip is None:
+        if delta is not None or mechanism != "laplace":
+            raise ValueError("--ldp-mechanism and --ldp-delta need --ldp-epsilon and --ldp-clip")
+        return None
+    if epsilon is None or clip is None:
+        raise ValueError("--ldp-epsilon and --ldp-clip go together (the noise scales with clip / epsilon)")
+    fields = {"mechanism": mechanism, "epsilon": epsilon, "clip": clip, "delta": delta}
+    try:
+        return PrivacySpec.model_validate(fields).model_dump()
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'ldp'}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"--ldp-* options: {problems}") from None
+
+
+def check_attack_options(opts: SimulateOptions) -> None:
+    """Refuse bad backdoor, privacy and aggregation options."""
+    from coordinator.logic.aggregation import check_params
+    from worker.poison import parse_attack, parse_trigger
+
+    if not 0 <= opts.malicious <= opts.clients:
+        raise ValueError(
+            f"--malicious must be between 0 and --clients ({opts.clients}); got {opts.malicious}"
+        )
+    parse_attack(opts.attack)
+    parse_trigger(opts.trigger, opts.trigger_position)
+    privacy_spec(opts.ldp_mechanism, opts.ldp_epsilon, opts.ldp_clip, opts.ldp_delta)
+    agg = parse_aggregation(opts.aggregation)
+    check_params(agg["name"], agg["params"])
+
+
+def check_data_options(opts: SimulateOptions) -> None:
+    """Refuse a bad partition, fraction or verbalizer."""
+    from worker.data import parse_partition
+
+    parse_partition(opts.partition)
+    if not 0 < opts.fraction <= 1:
+        raise ValueError(f"--fraction must be in (0, 1]; got {opts.fraction}")
+    if opts.verbalizer is not None:
+        try:
+            value = json.loads(opts.verbalizer)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f'--verbalizer is not JSON ({exc.msg}); e.g. [["bad"], ["good"]]') from None
+        if not isinstance(value, list) or not all(isinstance(w, list) and w for w in value):
+            raise ValueError('--verbalizer must be a JSON list of lists of words, e.g. [["bad"], ["good"]]')
+
+
+def check_method_options(opts: SimulateOptions) -> None:
+    """Refuse an unknown prompt method or encoder, or a starting prompt that is not a file."""
+    if opts.init_prompt is not None and not opts.init_prompt.is_file():
+        raise ValueError(f"--init-prompt {opts.init_prompt} is not a file")
+    if opts.method not in METHODS or opts.encoder_type not in ("mlp", "lstm"):
+        raise ValueError(
+            f"--method must be one of {', '.join(METHODS)} and --encoder-type mlp or lstm "
+            f"(got {opts.method!r}, {opts.encoder_type!r})"
+        )
+
+
+def validate(opts: SimulateOptions) -> Dataset:
+    """Every check above, in the order a user meets them; the data set the options name."""
+    dataset = resolve_dataset_arg(opts.dataset)
+    check_data_options(opts)
+    check_attack_options(opts)
+    check_method_options(opts)
+    return dataset
+
+
+def build_spec(
+    *,
+    dataset_name: str,
+    task: str,
+    model: str,
+    clients: int,
+    fraction: float,
+    rounds: int,
+    local_steps: int,
+    batch_size: int,
+    lr: float,
+    num_virtual_tokens: int,
+    max_length: int,
+    seed: int,
+    round_deadline: float,
+    template: str | None,
+    verbalizer: list[list[str]] | None,
+    hidden_size: int,
+    fingerprint: str | None,
+    aggregation: dict[str, Any] | None = None,
+    privacy: dict[str, Any] | None = None,
+    method: dict[str, Any] | None = None,
+) -> FederationSpec:
+    """The federation spec for a simulation (`method`: method, encoder and model-shape fields)."""
+    from worker.data import preset_for
+
+    preset = preset_for(dataset_name, task)
+    return FederationSpec(
+        name=f"simulate-{dataset_name}",
+        model=model,
+        model_fingerprint=fingerprint,
+        num_virtual_tokens=num_virtual_tokens,
+        hidden_size=hidden_size,
+        template=template or preset.template,
+        verbalizer=verbalizer or preset.verbalizer,
+        max_length=max_length,
+        rounds=rounds,
+        fraction=fraction,
+        min_clients=1,
+        expected_clients=clients,
+        quorum=1,
+        round_deadline_s=round_deadline,
+        availability_timeout_s=max(3600.0, round_deadline),
+        local_steps=local_steps,
+        batch_size=batch_size,
+        lr=lr,
+        seed=seed,
+        aggregation=aggregation or {"name": "fedavg", "params": {}},
+        privacy=privacy,
+        **(method or {}),
+    )
+
+
+def model_facts(
+    model: str, seed: int, spec_kwargs: dict[str, Any], method: dict[str, Any]
+) -> tuple[int, str, bytes | None, dict[str, Any]]:
+    """(hidden size, fingerprint, vocabulary-initialised prompt, spec fields of the model) from the local model."""
+    from transformers.utils import logging as hf_logging
+
+    from worker.engine import PromptEngine
+
+    hf_logging.disable_progress_bar()
+    engine = PromptEngine.load(
+        model,
+        template=spec_kwargs["template"],
+        verbalizer=spec_kwargs["verbalizer"],
+        num_virtual_tokens=spec_kwargs["num_virtual_tokens"],
+        max_length=spec_kwargs["max_length"],
+        init="vocab",
+        seed=seed,
+        device="cpu",
+        **method,
+    )
+    blob = engine.save_prompt({"version": "0", "method": engine.method})
+    facts = {
+        **method,
+        "family": engine.family,
+        "num_layers": engine.method_config.num_layers,
+        "num_attention_heads": engine.num_attention_heads,
+        "model_info": engine.description,
+        "params_full_model": engine.model_parameters(),
+    }
+    return engine.hidden_size, engine.fingerprint, blob, facts
+
+
+def federation_spec(opts: SimulateOptions, dataset: Dataset) -> tuple[FederationSpec, bytes | None]:
+    """The spec of a new federation from the options and the local model, and its starting prompt
+    (--init-prompt, else the model's vocabulary initialisation)."""
+    from worker.data import preset_for
+
+    preset = preset_for(dataset.name, dataset.task)
+    kwargs = {
+        "template": opts.template or preset.template,
+        "verbalizer": (json.loads(opts.verbalizer) if opts.verbalizer else None) or preset.verbalizer,
+        "num_virtual_tokens": opts.num_virtual_tokens,
+        "max_length": opts.max_length,
+    }
+    method_options = {
+        "method": opts.method,
+        "encoder_type": opts.encoder_type,
+        "encoder_hidden_size": opts.encoder_hidden_size,
+        "prefix_projection": opts.prefix_projection,
+    }
+    hidden, fingerprint, initial_blob, facts = model_facts(opts.model, opts.seed, kwargs, method_options)
+    spec = build_spec(
+        dataset_name=dataset.name,
+        task=dataset.task,
+        model=opts.model,
+        clients=opts.clients,
+        fraction=opts.fraction,
+        rounds=opts.rounds,
+        local_steps=opts.local_steps,
+        batch_size=opts.batch_size,
+        lr=opts.lr,
+        num_virtual_tokens=opts.num_virtual_tokens,
+        max_length=opts.max_length,
+        seed=opts.seed,
+        round_deadline=opts.round_deadline,
+        template=kwargs["template"],
+        verbalizer=kwargs["verbalizer"],
+        hidden_size=hidden,
+        fingerprint=fingerprint,
+        aggregation=parse_aggregation(opts.aggregation),
+        privacy=privacy_spec(opts.ldp_mechanism, opts.ldp_epsilon, opts.ldp_clip, opts.ldp_delta),
+        method=facts,
+    )
+    if opts.init_prompt is not None:
+        initial_blob = opts.init_prompt.read_bytes()
+    return spec, initial_blob

@@ -1,0 +1,65 @@
+"""Following a simulated federation: a progress bar of the open round, a table row per closed round."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from shared.client import CoordinatorClient
+from sim.results import round_records
+from sim.supervisor import Processes
+from sim.tables import console, row_table
+
+# How long a closed round's row waits for every active client's evaluation before it is printed anyway.
+EVAL_GRACE_S = 300.0
+
+
+def follow(
+    admin: CoordinatorClient, fid: int, spec: dict[str, Any], clients: int, procs: Processes
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Show progress until every round is closed and evaluated; return the round records and the
+    initial prompt's evaluation."""
+    total_rounds = int(spec["rounds"])
+    printed: set[int] = set()
+    header = True
+    closed_seen: dict[int, float] = {}
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        bar = progress.add_task("waiting for clients", total=clients)
+        while True:
+            procs.check()
+            status = admin.federation(fid)
+            history = admin.rounds(fid)
+            open_round = status.get("open_round")
+            if open_round:
+                parts = open_round["participants"]
+                progress.update(
+                    bar,
+                    description=f"round {open_round['round']}/{total_rounds}: uploads",
+                    completed=sum(p["uploaded"] for p in parts),
+                    total=len(parts),
+                )
+            elif status["state"] == "waiting":
+                progress.update(bar, completed=status["clients"]["enrolled"], total=clients)
+            active = status["clients"]["active"]
+            for record in round_records(history, spec):
+                r = record["round"]
+                closed_seen.setdefault(r, time.monotonic())
+                complete = record["eval_clients"] >= active
+                if r not in printed and (complete or time.monotonic() - closed_seen[r] > EVAL_GRACE_S):
+                    progress.console.print(row_table(record, header))
+                    header = False
+                    printed.add(r)
+            if status["state"] == "completed" and len(printed) >= total_rounds:
+                break
+            time.sleep(0.5)
+    initial = admin.evaluation(fid, 0)
+    return round_records(admin.rounds(fid), spec), initial

@@ -1,0 +1,160 @@
+"""What a simulation writes: results.json, rounds.csv and its figures, one record per closed round.
+
+The communication figures are the coordinator's ledger (coordinator/logic/ledger.py) over the same
+rounds, so results.json and the federation's status agree.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+from coordinator.logic.ledger import ledger
+from shared.spec import FederationSpec
+from sim.plots import plot_accuracy, plot_asr
+
+# The ledger's figures of the model, repeated on every round record and at the top of results.json.
+MODEL_LEDGER = ("params_communicated", "params_full_model", "comm_ratio")
+CSV_FIELDS = [
+    "round",
+    "participants",
+    "accuracy",
+    "loss",
+    "eval_loss",
+    "bytes_up",
+    "bytes_down",
+    "seconds",
+    "asr",
+    "local_asr",
+    "epsilon",
+    "epsilon_cumulative",
+]
+
+
+def communication(spec: dict[str, Any], closed: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ledger of these closed rounds under the spec's parameter counts."""
+    parsed = FederationSpec.model_validate(spec)
+    return ledger(
+        [(r["round"], r["stats"]) for r in closed],
+        params_per_client=parsed.params_communicated(),
+        params_full_model=parsed.params_full_model,
+    )
+
+
+def model_ledger(spec: dict[str, Any]) -> dict[str, Any]:
+    """params_communicated (per client and direction), params_full_model and comm_ratio of a spec."""
+    book = communication(spec, [])
+    return {key: book[key] for key in MODEL_LEDGER}
+
+
+def round_records(rounds: list[dict[str, Any]], spec: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One record per closed round, in the shape results.json promises."""
+    closed = [r for r in rounds if r["state"] == "closed"]
+    book = communication(spec, closed) if spec is not None else None
+    per_model = {key: book[key] for key in MODEL_LEDGER} if book else {}
+    entries = book["rounds"] if book else [{"params_up": 0, "params_down": 0}] * len(closed)
+    out = []
+    for r, entry in zip(closed, entries, strict=True):
+        ev = r.get("evaluation") or {}
+        stats = r["stats"]
+        out.append(
+            {
+                "round": r["round"],
+                "attempt": r["attempt"],
+                "participants": stats.get("participants", len(r["participants"])),
+                "accuracy": ev.get("accuracy"),
+                "eval_loss": ev.get("loss"),
+                "eval_clients": ev.get("clients", 0),
+                "eval_samples": ev.get("num_samples", 0),
+                "loss": stats.get("train_loss"),
+                "bytes_up": stats.get("bytes_up", 0),
+                "bytes_down": stats.get("bytes_down", 0),
+                "seconds": r.get("seconds"),
+                "asr": ev.get("asr"),
+                "local_asr": _mean(list((stats.get("local_asr") or {}).values())),
+                "local_asr_clients": stats.get("local_asr") or {},
+                "epsilon": (stats.get("privacy") or {}).get("epsilon"),
+                "epsilon_cumulative": (stats.get("privacy") or {}).get("max_cumulative_epsilon"),
+                "notes": stats.get("notes") or {},
+                **per_model,
+                "params_up": entry["params_up"],
+                "params_down": entry["params_down"],
+            }
+        )
+    return out
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def run_facts(
+    spec: dict[str, Any], setup: dict[str, Any], *, parallel: int, cores: int, device: str
+) -> dict[str, Any]:
+    """What results.json says about the run besides its rounds: the set-up, the machine, the ledger."""
+    return {
+        "federation_id": setup["federation_id"],
+        "dataset": Path(setup["dataset"]).name,
+        "clients": int(setup["clients"]),
+        "partition": setup["partition"],
+        "train_limit": setup.get("train_limit"),
+        "eval_limit": setup.get("eval_limit"),
+        "backdoor": setup.get("backdoor"),
+        "init_prompt": setup.get("init_prompt"),
+        "parallel": parallel,
+        "environment": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpu_count": cores,
+            "device": device,
+            "torch": _torch_version(),
+        },
+        **model_ledger(spec),
+        "scoring": "label words read through the tied input embeddings (the checkpoint has no MLM head)"
+        if "MiniLM" in spec["model"]
+        else "masked-LM head",
+    }
+
+
+def _torch_version() -> str:
+    try:
+        import torch
+
+        return torch.__version__
+    except ImportError:
+        return "absent"
+
+
+def write_results(
+    out: Path,
+    spec: dict[str, Any],
+    records: list[dict[str, Any]],
+    initial: dict[str, Any] | None,
+    wall: float,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """results.json, rounds.csv and accuracy.png (asr.png too when there is an ASR) in `out`."""
+    results = {
+        "spec": spec,
+        "rounds": records,
+        "initial_accuracy": (initial or {}).get("accuracy"),
+        "final_accuracy": records[-1]["accuracy"] if records else None,
+        "initial_asr": (initial or {}).get("asr"),
+        "final_asr": records[-1].get("asr") if records else None,
+        "total_bytes_up": sum(r["bytes_up"] for r in records),
+        "total_bytes_down": sum(r["bytes_down"] for r in records),
+        "wall_seconds": wall,
+        **extra,
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    with open(out / "rounds.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(records)
+    plot_accuracy(out / "accuracy.png", results)
+    if results["initial_asr"] is not None or any(r.get("asr") is not None for r in records):
+        plot_asr(out / "asr.png", results)
+    return results

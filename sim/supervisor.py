@@ -1,0 +1,78 @@
+"""The processes a simulation starts: each with its output in a log, all of them stopped together.
+
+Every child gets SIGTERM when the simulating process dies (Linux prctl), and `Processes.stop` ends
+them on success, failure, Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class SimulationError(RuntimeError):
+    """The simulation cannot go on; the message says why and where to look."""
+
+
+def die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM if the simulate process dies (Linux prctl)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def bin_path(name: str) -> str:
+    """A console script of this installation (next to its Python)."""
+    return str(Path(sys.executable).parent / name)
+
+
+@dataclass
+class Processes:
+    """Every child process the simulation started, so all of them can be stopped."""
+
+    procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+    logs: list[Any] = field(default_factory=list)
+
+    def start(self, name: str, args: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
+        """Start a child with its output in a log file."""
+        log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.logs.append(log)
+        proc = subprocess.Popen(
+            args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=die_with_parent,
+            start_new_session=True,
+        )
+        self.procs.append((name, proc))
+        return proc
+
+    def check(self) -> None:
+        """Raise if a child died."""
+        for name, proc in self.procs:
+            if proc.poll() is not None:
+                raise SimulationError(f"{name} exited with code {proc.returncode}")
+
+    def stop(self) -> None:
+        """SIGTERM everyone, wait, SIGKILL stragglers."""
+        for _, proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + 20
+        for _, proc in self.procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for log in self.logs:
+            log.close()

@@ -1,0 +1,83 @@
+"""What `fedprompt simulate` prints: the console, one table row per closed round, the closing summary."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+# Written to a log (make demo's pipe, an experiment cell's simulate.log) the round table keeps its columns
+# whole instead of folding them into 80 characters; $COLUMNS still wins where it is set.
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
+
+COLUMNS = [
+    ("round", 5),
+    ("clients", 7),
+    ("accuracy %", 10),
+    ("train loss", 10),
+    ("up", 10),
+    ("down", 10),
+    ("s", 6),
+    ("ASR %", 6),
+    ("local ASR %", 11),
+    ("ε total", 8),
+    ("params/client (of model)", 24),
+]
+
+
+def fmt(v: Any, pct: bool = False) -> str:
+    """A number for a table: '-' for None, a percentage with one decimal, or four decimals."""
+    if v is None:
+        return "-"
+    return f"{100 * v:.1f}" if pct else (f"{v:.4f}" if isinstance(v, float) else str(v))
+
+
+def row_table(record: dict[str, Any], header: bool) -> Table:
+    """One round record as a one-row table (with the column names above it when `header`)."""
+    table = Table(show_header=header, box=None, pad_edge=False)
+    for col, width in COLUMNS:
+        table.add_column(col, width=width, justify="right")
+    eps = record.get("epsilon_cumulative")
+    table.add_row(
+        str(record["round"]),
+        str(record["participants"]),
+        fmt(record["accuracy"], pct=True),
+        fmt(record["loss"]),
+        f"{record['bytes_up'] / 1024:.1f} KiB",
+        f"{record['bytes_down'] / 1024:.1f} KiB",
+        f"{record['seconds']:.1f}" if record["seconds"] is not None else "-",
+        fmt(record.get("asr"), pct=True),
+        fmt(record.get("local_asr"), pct=True),
+        f"{eps:g}" if eps is not None else "-",
+        params_text(record),
+    )
+    return table
+
+
+def params_text(record: dict[str, Any]) -> str:
+    """Parameters each client sent this round, and their share of the whole model."""
+    sent, ratio = record.get("params_communicated"), record.get("comm_ratio")
+    if not sent:
+        return "-"
+    return f"{sent:,}" + (f" ({100 * ratio:.4f} %)" if ratio is not None else "")
+
+
+def print_summary(results: dict[str, Any], out: Path) -> None:
+    """The closing lines: final accuracy and traffic, the baseline and the ASR if any, the files."""
+    console.print(
+        f"[bold green]done[/] in {results['wall_seconds']:.0f}s: final accuracy "
+        f"{fmt(results['final_accuracy'], pct=True)} % (initial {fmt(results['initial_accuracy'], pct=True)} %), "
+        f"{results['total_bytes_up'] / 1024:.0f} KiB up, {results['total_bytes_down'] / 1024:.0f} KiB down"
+    )
+    if results.get("baseline"):
+        console.print(f"centralised baseline: {fmt(results['baseline']['accuracy'], pct=True)} %")
+    if results.get("final_asr") is not None:
+        console.print(
+            f"attack success rate: {fmt(results['final_asr'], pct=True)} % "
+            f"(clean, initial prompt: {fmt(results['initial_asr'], pct=True)} %)"
+        )
+    console.print(f"results: {out / 'results.json'}, {out / 'rounds.csv'}, {out / 'accuracy.png'}")

@@ -1,0 +1,79 @@
+"""simulate's parts without processes: its options, round records and the ledger they carry."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.logic.ledger import ledger
+from shared.spec import FederationSpec
+from sim.options import SimulateOptions, parse_aggregation, privacy_spec
+from sim.results import round_records, write_results
+from sim.simulate import simulate_command
+from tests.helpers import SMALL_SPEC
+
+SPEC = FederationSpec.model_validate({**SMALL_SPEC, "params_full_model": 1_000}).model_dump(mode="json")
+
+
+def test_simulate_options_hold_exactly_the_command_parameters() -> None:
+    fields = [f.name for f in dataclasses.fields(SimulateOptions)]
+    assert fields == list(inspect.signature(simulate_command).parameters)
+
+
+def test_aggregation_option_parses_rule_and_numbers() -> None:
+    assert parse_aggregation("multi_krum:f=1,m=7") == {"name": "multi_krum", "params": {"f": 1, "m": 7}}
+    assert parse_aggregation("trimmed_mean:beta=0.2") == {"name": "trimmed_mean", "params": {"beta": 0.2}}
+    with pytest.raises(ValueError, match="key=value"):
+        parse_aggregation("median:0.2")
+
+
+def test_privacy_options_go_together() -> None:
+    assert privacy_spec("laplace", None, None, None) is None
+    with pytest.raises(ValueError, match="go together"):
+        privacy_spec("laplace", 1.0, None, None)
+
+
+def _round(number: int, state: str = "closed", **stats: Any) -> dict[str, Any]:
+    return {
+        "round": number,
+        "attempt": 1,
+        "state": state,
+        "participants": [{"uploaded": True}] * 3,
+        "seconds": 1.5,
+        "evaluation": {"accuracy": 0.5 + number / 10, "clients": 3, "num_samples": 30},
+        "stats": {"participants": 3, "updates": 2, "bytes_up": 100, "bytes_down": 150, **stats},
+    }
+
+
+def test_round_records_carry_the_coordinators_ledger() -> None:
+    rounds = [_round(1), _round(2, updates=3), _round(3, state="open")]
+    records = round_records(rounds, SPEC)
+    assert [r["round"] for r in records] == [1, 2]
+    sent = FederationSpec.model_validate(SPEC).params_communicated()
+    book = ledger(
+        [(r["round"], r["stats"]) for r in rounds[:2]], params_per_client=sent, params_full_model=1_000
+    )
+    for record, entry in zip(records, book["rounds"], strict=True):
+        assert (record["params_up"], record["params_down"]) == (entry["params_up"], entry["params_down"])
+        assert record["params_communicated"] == sent == book["params_communicated"]
+        assert record["comm_ratio"] == book["comm_ratio"] == sent / 1_000
+    assert records[1]["params_up"] == 3 * sent and records[1]["params_down"] == 3 * sent
+
+
+def test_round_records_without_a_spec_count_no_parameters() -> None:
+    (record,) = round_records([_round(1)])
+    assert record["params_up"] == record["params_down"] == 0 and "comm_ratio" not in record
+
+
+def test_write_results_writes_json_csv_and_the_accuracy_figure(tmp_path: Path) -> None:
+    records = round_records([_round(1), _round(2)], SPEC)
+    results = write_results(tmp_path, SPEC, records, {"accuracy": 0.4}, 12.0, {"clients": 3})
+    assert results["final_accuracy"] == records[-1]["accuracy"] and results["total_bytes_up"] == 200
+    assert json.loads((tmp_path / "results.json").read_text())["initial_accuracy"] == 0.4
+    assert (tmp_path / "rounds.csv").read_text().splitlines()[0].startswith("round,participants,accuracy")
+    assert (tmp_path / "accuracy.png").stat().st_size > 0 and not (tmp_path / "asr.png").exists()
