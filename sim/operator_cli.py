@@ -1,28 +1,33 @@
-"""fedprompt: the operator's CLI over the coordinator's REST API (and `simulate`)."""
+"""fedprompt: the operator's CLI over the coordinator's REST API (and `simulate`, `experiment`).
+
+What it prints is in operator_views.py; `simulate` and `experiment` are registered where the worker
+extra (torch) is installed."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 
 from shared.client import ApiError, CoordinatorClient
+from sim.operator_views import (
+    console,
+    deadline_text,
+    err,
+    federation_line,
+    fmt,
+    latest_attempt,
+    progress_bar,
+    rounds_table,
+    status_table,
+    upload_counts,
+)
 
 app = typer.Typer(help="fedprompt: operate federated prompt tuning.", no_args_is_help=True)
 federation_app = typer.Typer(help="Create and inspect federations.", no_args_is_help=True)
@@ -41,8 +46,6 @@ for sub, name in [
 ]:
     app.add_typer(sub, name=name)
 
-console = Console()
-err = Console(stderr=True)
 
 UrlOpt = Annotated[str, typer.Option("--url", envvar="FEDPROMPT_URL", help="Coordinator base URL.")]
 TokenOpt = Annotated[
@@ -90,65 +93,6 @@ def _emit(data: Any, as_json: bool, render: Any = None) -> None:
         render(data)
 
 
-def _fmt(v: Any, digits: int = 4) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return str(v)
-
-
-def _status_table(feds: list[dict[str, Any]]) -> None:
-    table = Table(title="federations")
-    for col in ("id", "name", "state", "round", "uploads", "clients", "latest version", "accuracy"):
-        table.add_column(col)
-    for f in feds:
-        latest = (f.get("latest") or {}).get("evaluation") or {}
-        open_round = f.get("open_round")
-        uploads = "{}/{}".format(*upload_counts(open_round)) if open_round else "-"
-        table.add_row(
-            str(f["id"]),
-            f["name"],
-            f["state"] + (" (paused)" if f["paused"] and f["state"] != "paused" else ""),
-            f"{f['current_round']}/{f['rounds_total']}",
-            uploads,
-            f"{f['clients']['available']}/{f['clients']['enrolled']}",
-            str(f["latest_version"]),
-            _fmt(latest.get("accuracy")),
-        )
-    console.print(table)
-
-
-def _rounds_table(rounds: list[dict[str, Any]]) -> None:
-    table = Table(title="rounds")
-    for col in (
-        "round",
-        "attempt",
-        "state",
-        "participants",
-        "uploaded",
-        "accuracy",
-        "train loss",
-        "bytes up",
-        "s",
-    ):
-        table.add_column(col)
-    for r in rounds:
-        ev = r.get("evaluation") or {}
-        table.add_row(
-            str(r["round"]),
-            str(r["attempt"]),
-            r["state"],
-            str(len(r["participants"])),
-            str(sum(p["uploaded"] for p in r["participants"])),
-            _fmt(ev.get("accuracy")),
-            _fmt(r["stats"].get("train_loss")),
-            _fmt(r["stats"].get("bytes_up")),
-            _fmt(r.get("seconds"), 1),
-        )
-    console.print(table)
-
-
 @federation_app.command("create")
 def federation_create(
     spec: Annotated[
@@ -181,7 +125,7 @@ def federation_status(
     """Status of one federation or all of them."""
     with _client(url, token) as c:
         feds = _run(c.federations) if federation is None else [_run(c.federation, federation)]
-    _emit(feds if federation is None else feds[0], as_json, lambda _: _status_table(feds))
+    _emit(feds if federation is None else feds[0], as_json, lambda _: status_table(feds))
 
 
 @federation_app.command("pause")
@@ -222,7 +166,7 @@ def federation_wait(
         fed = _run(c.federation, federation)
         goal = min(until_round or fed["rounds_total"], fed["rounds_total"])
         give_up = _monotonic() + timeout
-        with _progress(as_json) as progress:
+        with progress_bar(as_json) as progress:
             task = progress.add_task(fed["name"], total=goal, left="")
             while True:
                 progress.update(
@@ -236,7 +180,7 @@ def federation_wait(
                 _sleep(interval)
                 fed = _run(c.federation, federation)
         rows = _run(c.rounds, federation) if not as_json else []
-    _emit(fed, as_json, lambda _: _rounds_table(rows))
+    _emit(fed, as_json, lambda _: rounds_table(rows))
 
 
 @token_app.command("create")
@@ -350,7 +294,7 @@ def round_wait(
             err.print(f"[red]error:[/] federation {federation} has only {fed['rounds_total']} rounds")
             raise typer.Exit(2)
         give_up = _monotonic() + timeout
-        with _progress(as_json) as progress:
+        with progress_bar(as_json) as progress:
             task = progress.add_task(f"round {target}", total=None, left="")
             while True:
                 rnd = latest_attempt(_run(c.rounds, federation), target)
@@ -374,57 +318,11 @@ def round_wait(
     def render(r: dict[str, Any]) -> None:
         acc = (r.get("evaluation") or {}).get("accuracy")
         console.print(
-            f"round {r['round']} closed ({r['closed_by']}) after {_fmt(r['seconds'], 1)} s → "
+            f"round {r['round']} closed ({r['closed_by']}) after {fmt(r['seconds'], 1)} s → "
             f"prompt version {r['result_version']}" + (f", accuracy {acc:.4f}" if acc is not None else "")
         )
 
     _emit(rnd, as_json, render)
-
-
-def latest_attempt(rounds: list[dict[str, Any]], number: int) -> dict[str, Any] | None:
-    """The newest attempt of round `number` in a round history, or None if it never opened."""
-    attempts = [r for r in rounds if r["round"] == number]
-    return max(attempts, key=lambda r: r["attempt"]) if attempts else None
-
-
-def upload_counts(rnd: dict[str, Any]) -> tuple[int, int]:
-    """(uploaded, selected) participants of a round attempt."""
-    return sum(1 for p in rnd["participants"] if p["uploaded"]), len(rnd["participants"])
-
-
-def deadline_text(rnd: dict[str, Any], now: float) -> str:
-    """'deadline in 42 s' for an open attempt; '' otherwise."""
-    if rnd["state"] != "open":
-        return ""
-    left = rnd["deadline_at"] - now
-    return f"deadline in {left:.0f} s" if left >= 0 else f"deadline passed {-left:.0f} s ago"
-
-
-def federation_line(fed: dict[str, Any]) -> str:
-    """One line about a federation's progress: name, state, open round and its uploads."""
-    line = f"{fed['name']}: {fed['state']}"
-    open_round = fed.get("open_round")
-    if open_round:
-        uploaded, selected = upload_counts(open_round)
-        line += f", round {open_round['round']} {uploaded}/{selected} uploaded"
-    return line
-
-
-@contextmanager
-def _progress(disabled: bool) -> Iterator[Progress]:
-    """A progress bar on stderr (stdout stays clean for --json)."""
-    progress = Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[left]}"),
-        TimeElapsedColumn(),
-        console=err,
-        disable=disabled,
-    )
-    with progress:
-        yield progress
 
 
 @rounds_app.command("list")
@@ -434,7 +332,7 @@ def rounds_list(
     """Round history."""
     with _client(url, token) as c:
         rows = _run(c.rounds, federation)
-    _emit(rows, as_json, _rounds_table)
+    _emit(rows, as_json, rounds_table)
 
 
 @prompt_app.command("get")
