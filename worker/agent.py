@@ -13,12 +13,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 import numpy as np
+import structlog
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_never, wait_random_exponential
 
 from shared import wire
@@ -110,8 +112,12 @@ class Agent:
         metrics: Any = None,
         transport: httpx.BaseTransport | None = None,
         engine_factory: Callable[[FederationSpec, str], Any] | None = None,
+        engine_lock: AbstractContextManager[Any] | None = None,
     ) -> None:
         self.config = config
+        # Agents of one pool process share one engine: a task holds this from loading the global
+        # prompt into the engine until the trained prompt is out of it.
+        self.engine_lock: AbstractContextManager[Any] = engine_lock or threading.Lock()
         backdoor = config.backdoor
         # A malicious worker trains on its poisoned data; every worker with a target measures ASR.
         self.train_data = backdoor.poison_train(train) if backdoor else train
@@ -119,7 +125,7 @@ class Agent:
         self.asr_data = backdoor.asr_examples(evaluation) if backdoor else []
         self.metrics = metrics
         self.transport = transport
-        self.engine_factory = engine_factory or _load_engine
+        self.engine_factory = engine_factory or load_engine
         self.status = WorkerStatus(
             federation_id=config.federation_id, num_train=len(train), num_eval=len(evaluation)
         )
@@ -162,6 +168,8 @@ class Agent:
 
     def run(self) -> None:
         """Enrol (or reuse credentials), load the model, then serve tasks until stopped."""
+        # this thread's log lines name the client (a pool runs several in one process)
+        structlog.contextvars.bind_contextvars(client_name=self.config.name)
         try:
             self._setup()
             self._resend_pending()
@@ -281,11 +289,17 @@ class Agent:
     def _evaluate(self, task: dict[str, Any]) -> None:
         version = int(task["version"])
         self.status.state = "evaluating"
-        self.engine.load_prompt(self._download(version, task["sha256"]))
-        result = self.engine.evaluate(self.eval_data, batch_size=self.config.eval_batch_size)
+        blob = self._download(version, task["sha256"])
+        with self.engine_lock:
+            self.engine.load_prompt(blob)
+            result = self.engine.evaluate(self.eval_data, batch_size=self.config.eval_batch_size)
+            asr = (
+                self.engine.evaluate(self.asr_data, batch_size=self.config.eval_batch_size)
+                if self.asr_data
+                else None
+            )
         report: dict[str, Any] = {"num_samples": result.n, "accuracy": result.accuracy, "loss": result.loss}
-        if self.asr_data:
-            asr = self.engine.evaluate(self.asr_data, batch_size=self.config.eval_batch_size)
+        if asr is not None:
             # the coordinator weights ASR by its own sample count (non-target examples only)
             report["metrics"] = {"asr": asr.accuracy, "asr_samples": asr.n}
         self.status.last_eval = {"version": version, **report}
@@ -304,7 +318,7 @@ class Agent:
         received_at, started = time.time(), time.perf_counter()
         blob_in = self._download(version, task["sha256"])
         download_s = time.perf_counter() - started
-        with training_slot(self.config.slots_dir, self.config.slots, self._stop):
+        with training_slot(self.config.slots_dir, self.config.slots, self._stop), self.engine_lock:
             slot_wait_s = time.perf_counter() - started - download_s
             self.status.state = "training"
             self.engine.load_prompt(blob_in)
@@ -321,6 +335,9 @@ class Agent:
                 if self._stop.is_set():
                     raise Stopped()
 
+            log.info(
+                "round %s: training %s steps on %s examples", number, cfg["local_steps"], len(self.train_data)
+            )
             result = self.engine.train(
                 self.train_data,
                 steps=int(cfg["local_steps"]),
@@ -330,25 +347,26 @@ class Agent:
                 seed=_round_seed(int(cfg.get("seed", 0)), number, self.status.client_id or 0),
                 progress=progress,
             )
-        metrics = {"loss": result.mean_loss, "last_loss": result.last_loss, "seconds": result.seconds}
-        assert self.spec is not None
-        tensors = self._release(blob_in, metrics)
-        meta = {
-            "method": self.spec.method,
-            "model_fingerprint": self.engine.fingerprint,
-            "base_version": str(version),
-            "round": str(number),
-            "num_samples": str(len(self.train_data)),
-            "metrics": metrics,
-            # where the round's time went on this side (bench/e2e.py splits rounds with it)
-            "timing": {
-                "task_received_at": received_at,
-                "download_s": download_s,
-                "slot_wait_s": slot_wait_s,
-                "trained_at": time.time(),
-            },
-        }
-        blob = self.engine.save_prompt(meta) if tensors is None else wire.encode(tensors, meta)
+            metrics = {"loss": result.mean_loss, "last_loss": result.last_loss, "seconds": result.seconds}
+            assert self.spec is not None
+            tensors = self._release(blob_in, metrics)
+            meta = {
+                "method": self.spec.method,
+                "model_fingerprint": self.engine.fingerprint,
+                "base_version": str(version),
+                "round": str(number),
+                "num_samples": str(len(self.train_data)),
+                "metrics": metrics,
+                # where the round's time went on this side (bench/e2e.py splits rounds with it)
+                "timing": {
+                    "task_received_at": received_at,
+                    "download_s": download_s,
+                    "slot_wait_s": slot_wait_s,
+                    "trained_at": time.time(),
+                },
+            }
+            blob = self.engine.save_prompt(meta) if tensors is None else wire.encode(tensors, meta)
+        log.info("round %s: trained in %.1f s, mean loss %.4f", number, result.seconds, result.mean_loss)
         self.state.save_pending(number, blob)
         self.status.last_train = {"round": number, **metrics}
         self._upload(number, blob)
@@ -438,21 +456,8 @@ def model_differences(expected: dict[str, Any] | None, local: dict[str, Any] | N
     return "; ".join(parts)
 
 
-def _load_engine(spec: FederationSpec, device: str) -> Any:
+def load_engine(spec: FederationSpec, device: str) -> Any:
     """The real engine for a federation spec."""
     from worker.engine import PromptEngine
 
-    return PromptEngine.load(
-        spec.model,
-        template=spec.template,
-        verbalizer=spec.verbalizer,
-        num_virtual_tokens=spec.num_virtual_tokens,
-        max_length=spec.max_length,
-        seed=spec.seed,
-        device=device,
-        method=spec.method,
-        encoder_type=spec.encoder_type,
-        encoder_hidden_size=spec.encoder_hidden_size,
-        encoder_num_layers=spec.encoder_num_layers,
-        prefix_projection=spec.prefix_projection,
-    )
+    return PromptEngine.from_spec(spec, device=device)

@@ -1,9 +1,8 @@
-"""The worker's FastAPI app: /healthz, /status, /metrics, with the agent loop in its lifespan."""
+"""The worker's FastAPI app: /healthz, /status, /metrics, with the agents' loops in its lifespan."""
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,7 +17,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from worker.agent import Agent
+from worker.pool import Pool
 
 log = logging.getLogger("fedprompt.worker")
 
@@ -47,24 +46,16 @@ class WorkerMetrics:
         )
 
 
-def create_app(agent: Agent, metrics: WorkerMetrics) -> FastAPI:
-    """The worker service around an agent; the agent runs in a thread while the app lives."""
-    agent.metrics = metrics
-
-    def run() -> None:
-        try:
-            agent.run()
-        except Exception:  # reported on /status; the service stays up so operators can see why
-            log.exception("worker agent stopped with an error")
-            agent.status.state = "error"
+def create_app(pool: Pool, metrics: WorkerMetrics) -> FastAPI:
+    """The worker service around a pool of agents (one for `serve`); they run while the app lives."""
+    for agent in pool.agents:
+        agent.metrics = metrics
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        thread = threading.Thread(target=run, name="fedprompt-agent", daemon=True)
-        thread.start()
+        pool.start()
         yield
-        agent.stop()
-        thread.join(timeout=30)
+        pool.stop()
 
     app = FastAPI(title="fedprompt worker", version="0.1.0", lifespan=lifespan)
 
@@ -75,13 +66,15 @@ def create_app(agent: Agent, metrics: WorkerMetrics) -> FastAPI:
 
     @app.get("/status")
     def status() -> dict[str, Any]:
-        """State, current round, training progress, last metrics."""
-        return agent.status.as_dict()
+        """State, current round, training progress, last metrics (per client when the pool has several)."""
+        if len(pool.agents) == 1:
+            return pool.agents[0].status.as_dict()
+        return {"clients": pool.status()}
 
     @app.get("/metrics")
     def prometheus() -> Response:
         """Prometheus metrics."""
-        metrics.rounds.set(len(agent.status.rounds_trained))
+        metrics.rounds.set(sum(len(a.status.rounds_trained) for a in pool.agents))
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -125,6 +125,8 @@ def serve(
     from worker.agent import Agent, AgentConfig
     from worker.app import WorkerMetrics, create_app
     from worker.data import DataError
+    from worker.poison import backdoor_from_options
+    from worker.pool import Pool
     from worker.shards import ShardSpec, load_shard
 
     if enrollment_token_file is not None:
@@ -157,7 +159,7 @@ def serve(
                 label_names=tuple(x.strip() for x in labels.split(",")) if labels else None,
             )
         )
-        backdoor = _backdoor(
+        backdoor = backdoor_from_options(
             target_label, poison_rate, trigger, trigger_position, attack, full.num_labels, seed + partition_id
         )
     except (DataError, ValueError) as exc:
@@ -181,32 +183,55 @@ def serve(
         evaluation,
     )
     uvicorn.run(
-        create_app(agent, WorkerMetrics()), host=host, port=port, log_level="warning", log_config=None
+        create_app(Pool([agent]), WorkerMetrics()), host=host, port=port, log_level="warning", log_config=None
     )
 
 
-def _backdoor(
-    target: int | None, rate: float, trigger: str, position: str, attack: str, num_labels: int, seed: int
-) -> Any:
-    """The worker's Backdoor setting from its options, or None; AttackError says what is wrong."""
-    from worker.poison import AttackError, Backdoor, parse_attack, parse_trigger
+@app.command()
+def pool(
+    config: Annotated[
+        Path,
+        typer.Option("--config", envvar="FEDPROMPT_POOL", help="Pool file (JSON): the clients to serve."),
+    ],
+    host: Annotated[
+        str, typer.Option(envvar="FEDPROMPT_WORKER_HOST", help="Bind address of /healthz, /status, /metrics.")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(envvar="FEDPROMPT_WORKER_PORT", help="Port of the worker's own API.")
+    ] = 8100,
+    log_level: Annotated[str, typer.Option(envvar="FEDPROMPT_LOG_LEVEL", help="Log level.")] = "info",
+    log_format: LogFormatOption = "auto",
+) -> None:
+    """Serve several clients from one process: one model in memory, one identity and shard per client."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from pydantic import ValidationError
 
-    kind, factor = parse_attack(attack)
-    if target is None:
-        if rate > 0 or kind != "none":
-            raise AttackError(
-                "--poison-rate and --attack need --target-label (the label the backdoor aims at)"
-            )
-        return None
-    if num_labels and target >= num_labels:
-        raise AttackError(f"--target-label {target} is not a label of this data set (0..{num_labels - 1})")
-    return Backdoor(
-        target=target,
-        trigger=parse_trigger(trigger, position),
-        poison_rate=rate,
-        attack=kind,
-        factor=factor,
-        seed=seed,
+    from shared.logs import configure_logging
+    from worker.data import DataError
+    from worker.pool import PoolConfig, build_pool
+
+    try:
+        configure_logging(log_level, log_format)
+        settings = PoolConfig.read(config)
+        if settings.threads:
+            import torch
+
+            torch.set_num_threads(settings.threads)
+        clients = build_pool(settings)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        typer.echo(f"error: {config}: {where}: {first['msg']}", err=True)
+        raise typer.Exit(2) from None
+    except (DataError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    import uvicorn
+
+    from worker.app import WorkerMetrics, create_app
+
+    uvicorn.run(
+        create_app(clients, WorkerMetrics()), host=host, port=port, log_level="warning", log_config=None
     )
 
 

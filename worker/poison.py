@@ -181,3 +181,26 @@ def parse_attack(text: str) -> tuple[str, float]:
     if not factor > 0:
         raise AttackError(f"attack {text!r}: FACTOR must be positive")
     return kind, factor
+
+
+def backdoor_from_options(
+    target: int | None, rate: float, trigger: str, position: str, attack: str, num_labels: int, seed: int
+) -> Backdoor | None:
+    """A worker's Backdoor setting from its options, or None; AttackError says what is wrong."""
+    kind, factor = parse_attack(attack)
+    if target is None:
+        if rate > 0 or kind != "none":
+            raise AttackError(
+                "--poison-rate and --attack need --target-label (the label the backdoor aims at)"
+            )
+        return None
+    if num_labels and target >= num_labels:
+        raise AttackError(f"--target-label {target} is not a label of this data set (0..{num_labels - 1})")
+    return Backdoor(
+        target=target,
+        trigger=parse_trigger(trigger, position),
+        poison_rate=rate,
+        attack=kind,
+        factor=factor,
+        seed=seed,
+    )

@@ -94,6 +94,27 @@ def load_shard(spec: ShardSpec) -> tuple[list[Example], list[Example], TextDatas
     return train, evaluation, full
 
 
+def load_shards(specs: list[ShardSpec]) -> list[tuple[list[Example], list[Example], TextDataset]]:
+    """`load_shard` for several shards, reading each distinct source once (a pool's clients)."""
+    sources: dict[tuple[object, ...], tuple[TextDataset, TextDataset | None]] = {}
+    out = []
+    for spec in specs:
+        key = (
+            spec.data,
+            spec.text_column,
+            spec.label_column,
+            spec.text_b_column,
+            spec.label_names,
+            spec.datasets_dir,
+        )
+        if key not in sources:
+            sources[key] = _source(spec)
+        full, test = sources[key]
+        train, evaluation = _cut(spec, full, test)
+        out.append((train, evaluation, full))
+    return out
+
+
 def shard_sizes(spec: ShardSpec) -> list[tuple[int, int]]:
     """(train, eval) sizes of every worker's shard (`spec.partition_id` is ignored), loading the data once."""
     full, test = _source(spec)

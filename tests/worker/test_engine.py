@@ -314,6 +314,20 @@ def test_vocab_init_copies_word_embeddings(tokenizer: Any) -> None:
     assert not np.array_equal(prompt, other.get_prompt()[PROMPT_TENSOR])
 
 
+def test_label_init_starts_with_the_label_words_in_turn(tokenizer: Any) -> None:
+    words = [["bad", "awful"], ["good"]]
+    engine = make_engine(tokenizer, init="label", seed=5, verbalizer=words)
+    vocab = make_engine(tokenizer, init="vocab", seed=5, verbalizer=words)
+    weight = engine._backbone.input_embeddings.weight.detach().numpy()
+    ids = tokenizer.convert_tokens_to_ids(["bad", "good", "awful"])
+
+    prompt = engine.get_prompt()[PROMPT_TENSOR]
+
+    assert np.array_equal(prompt[:3], weight[ids])
+    # the rest is the vocabulary initialisation of the same seed
+    assert np.array_equal(prompt[3:], vocab.get_prompt()[PROMPT_TENSOR][3:])
+
+
 def test_unknown_init_is_refused(tokenizer: Any) -> None:
     with pytest.raises(ValueError, match="init must be"):
         make_engine(tokenizer, init="zeros")

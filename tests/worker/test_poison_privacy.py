@@ -198,7 +198,7 @@ def test_evaluation_summary_weights_asr_by_its_own_sample_count() -> None:
 
 
 def test_worker_options_build_the_backdoor_or_say_what_is_missing() -> None:
-    from worker.cli import _backdoor
+    from worker.poison import backdoor_from_options as _backdoor
 
     assert _backdoor(None, 0.0, "cf", "random", "none", 2, 0) is None
     door = _backdoor(1, 0.5, "cf,mn", "end", "boost:4", 2, 7)

@@ -16,6 +16,7 @@ from torch.nn import functional as F
 
 from shared import wire
 from shared.methods import PROMPT_TENSOR, EncoderType, Method, MethodConfig, peft_state_names, tensor_shapes
+from shared.spec import FederationSpec
 from worker.engine.methods import model_shape, wrap
 from worker.engine.model import (
     Backbone,
@@ -34,7 +35,7 @@ from worker.engine.model import (
 )
 from worker.engine.template import Template, TextPair, Verbalizer
 
-Init = Literal["random", "vocab"]
+Init = Literal["random", "vocab", "label"]
 ProgressFn = Callable[[int, int, float], None]
 
 # Lester et al. draw the initial prompt from the 5,000 most common tokens; BERT-style vocabularies are
@@ -112,6 +113,14 @@ def _cycle_batches(n: int, batch_size: int, rng: np.random.Generator) -> Iterato
         need = min(batch_size, n) - len(head)
         yield np.concatenate([head, order[:need]])
         at = need
+
+
+def _interleave(groups: Sequence[Sequence[int]]) -> list[int]:
+    """[[a1, a2], [b1]] → [a1, b1, a2]: one word of each label in turn."""
+    out: list[str] = []
+    for i in range(max((len(g) for g in groups), default=0)):
+        out.extend(g[i] for g in groups if i < len(g))
+    return out
 
 
 class PromptEngine:
@@ -216,8 +225,8 @@ class PromptEngine:
             }
             self.set_prompt(values)
             return
-        if init != "vocab":
-            raise ValueError(f"init must be 'random' or 'vocab'; got {init!r}")
+        if init not in ("vocab", "label"):
+            raise ValueError(f"init must be 'random', 'vocab' or 'label'; got {init!r}")
         target = self.prompt
         if tuple(target.shape) != (self.num_virtual_tokens, self.hidden_size):
             # Un-projected prefixes are keys and values, not word embeddings: seeded Gaussian instead.
@@ -273,6 +282,27 @@ class PromptEngine:
         )
 
     @classmethod
+    def from_spec(
+        cls, spec: FederationSpec, *, device: str = "auto", num_threads: int | None = None
+    ) -> PromptEngine:
+        """The engine a federation's spec describes: its model, template, verbalizer and prompt method."""
+        return cls.load(
+            spec.model,
+            template=spec.template,
+            verbalizer=spec.verbalizer,
+            num_virtual_tokens=spec.num_virtual_tokens,
+            max_length=spec.max_length,
+            seed=spec.seed,
+            device=device,
+            num_threads=num_threads,
+            method=spec.method,
+            encoder_type=spec.encoder_type,
+            encoder_hidden_size=spec.encoder_hidden_size,
+            encoder_num_layers=spec.encoder_num_layers,
+            prefix_projection=spec.prefix_projection,
+        )
+
+    @classmethod
     def from_model(
         cls,
         model: nn.Module,
@@ -320,13 +350,23 @@ class PromptEngine:
             # The same stream as shared.spec.initial_prompt, so a seed means the same prompt everywhere.
             rng = np.random.default_rng([seed, 0xF0])
             return torch.from_numpy((rng.standard_normal(shape) * init_std).astype(np.float32))
-        if init == "vocab":
+        if init in ("vocab", "label"):
             pool = self._vocab_pool()
             rng = np.random.default_rng([seed, 0xF1])
             ids = rng.choice(pool, size=self.num_virtual_tokens, replace=len(pool) < self.num_virtual_tokens)
+            if init == "label":
+                # Lester et al. (2021): the first virtual tokens start as the class label words, in label
+                # order (the words of each label interleaved), the rest as sampled vocabulary.
+                verb = self.verbalizer
+                groups = [
+                    [w for w, lab in zip(verb.word_ids, verb.word_label, strict=True) if lab == label]
+                    for label in range(verb.num_labels)
+                ]
+                words = _interleave(groups)[: self.num_virtual_tokens]
+                ids[: len(words)] = words
             weight = self._backbone.input_embeddings.weight.detach()
             return weight[torch.as_tensor(ids, dtype=torch.long)].float().cpu().clone()
-        raise ValueError(f"init must be 'random' or 'vocab'; got {init!r}")
+        raise ValueError(f"init must be 'random', 'vocab' or 'label'; got {init!r}")
 
     def _vocab_pool(self) -> np.ndarray:
         special = set(self.tokenizer.all_special_ids)

@@ -1,0 +1,228 @@
+"""Many clients in one worker process: one model in memory, one identity and data shard per client.
+
+A client is an identity (credentials in its own state folder, a data shard, a local seed, optional
+attack settings), not a process. Each client of a pool runs its own agent loop in a thread and talks
+to the coordinator with its own token, exactly like a separate site; the agents share the process's
+one engine and take turns on it (a task holds the engine from loading the global prompt until the
+trained prompt is out). Memory grows with the pool processes, not with the clients.
+
+Used by ``fedprompt simulate`` (P pool processes serving K virtual clients) and by a site that hosts
+several tenants' data next to one model (``fedprompt-worker pool --config clients.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.spec import FederationSpec
+from worker.agent import Agent, AgentConfig, load_engine
+from worker.data import DataError
+from worker.poison import backdoor_from_options
+from worker.shards import ShardSpec, load_shards
+
+log = logging.getLogger("fedprompt.worker")
+
+
+class BackdoorEntry(BaseModel):
+    """A client's backdoor settings (the ASR target, and for a malicious client its poisoning)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target_label: int = Field(ge=0)
+    poison_rate: float = Field(0.0, ge=0.0, le=1.0)
+    trigger: str = "cf,mn,bb,tq"
+    trigger_position: str = "random"
+    attack: str = "none"
+
+
+class ClientEntry(BaseModel):
+    """One virtual client of a pool: its name, state folder and data shard."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    state_dir: Path
+    enrollment_token: str | None = None
+    data: str
+    partition: str = "iid"
+    num_partitions: int = Field(1, ge=1)
+    partition_id: int = Field(0, ge=0)
+    seed: int = 0
+    train_limit: int | None = Field(None, ge=1)
+    eval_limit: int | None = Field(None, ge=1)
+    eval_fraction: float | None = Field(None, gt=0.0, lt=1.0)
+    text_column: str = "text"
+    label_column: str = "label"
+    text_b_column: str | None = None
+    labels: list[str] | None = None
+    backdoor: BackdoorEntry | None = None
+
+    def shard(self) -> ShardSpec:
+        """The shard this client trains and evaluates on."""
+        return ShardSpec(
+            data=self.data,
+            partition=self.partition,
+            num_partitions=self.num_partitions,
+            partition_id=self.partition_id,
+            seed=self.seed,
+            train_limit=self.train_limit,
+            eval_limit=self.eval_limit,
+            eval_fraction=self.eval_fraction,
+            text_column=self.text_column,
+            label_column=self.label_column,
+            text_b_column=self.text_b_column,
+            label_names=tuple(self.labels) if self.labels else None,
+        )
+
+
+class PoolConfig(BaseModel):
+    """A pool file: the coordinator and federation, the process's settings and its clients."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    coordinator: str
+    federation: int = Field(ge=1)
+    enrollment_token: str | None = None
+    device: str = "auto"
+    threads: int | None = Field(None, ge=1)
+    poll_wait: float = Field(20.0, gt=0)
+    slots_dir: Path | None = None
+    slots: int = Field(0, ge=0)
+    clients: list[ClientEntry] = Field(min_length=1)
+
+    @classmethod
+    def read(cls, path: Path) -> PoolConfig:
+        """Parse and validate a pool file (JSON)."""
+        try:
+            return cls.model_validate(json.loads(path.read_text()))
+        except OSError as exc:
+            raise DataError(f"cannot read the pool file {path}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path} is not JSON: {exc}") from None
+
+
+class SharedEngine:
+    """The process's one engine, loaded by the first client that needs it and reused by the others."""
+
+    def __init__(self, factory: Any = None) -> None:
+        self._factory = factory or load_engine
+        self._engines: dict[str, Any] = {}
+        self._loading = threading.Lock()
+        # Held by an agent for a whole task on the engine (RLock: a task may re-enter, e.g. ASR).
+        self.lock = threading.RLock()
+
+    def __call__(self, spec: FederationSpec, device: str) -> Any:
+        """The engine for `spec` (one per distinct model and prompt shape in this process)."""
+        key = spec.model_dump_json(
+            include={
+                "model",
+                "template",
+                "verbalizer",
+                "num_virtual_tokens",
+                "max_length",
+                "seed",
+                "method",
+                "encoder_type",
+                "encoder_hidden_size",
+                "encoder_num_layers",
+                "prefix_projection",
+            }
+        )
+        with self._loading:
+            if key not in self._engines:
+                self._engines[key] = self._factory(spec, device)
+            return self._engines[key]
+
+
+class Pool:
+    """The agents of one process; `run()` starts one thread per client and blocks until all stop."""
+
+    def __init__(self, agents: list[Agent]) -> None:
+        if not agents:
+            raise ValueError("a pool needs at least one client")
+        self.agents = agents
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        """Start every client's loop in its own thread."""
+        for agent in self.agents:
+            thread = threading.Thread(
+                target=_run_agent, args=(agent,), name=f"client-{agent.config.name}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop every client and wait for their threads."""
+        for agent in self.agents:
+            agent.stop()
+        for thread in self._threads:
+            thread.join(timeout=timeout)
+
+    def alive(self) -> int:
+        """How many client loops are still running."""
+        return sum(t.is_alive() for t in self._threads)
+
+    def status(self) -> list[dict[str, Any]]:
+        """Every client's status, as /status shows it."""
+        return [{"name": a.config.name, **a.status.as_dict()} for a in self.agents]
+
+
+def _run_agent(agent: Agent) -> None:
+    try:
+        agent.run()
+    except Exception:  # reported on /status; the service (and the pool's other clients) stay up
+        log.exception("worker agent %s stopped with an error", agent.config.name)
+        agent.status.state = "error"
+
+
+def build_pool(config: PoolConfig, *, engine_factory: Any = None, transport: Any = None) -> Pool:
+    """Agents for every client of `config`, sharing one engine; DataError/ValueError say what is wrong."""
+    shared = SharedEngine(engine_factory)
+    shards = load_shards([c.shard() for c in config.clients])
+    agents = []
+    for entry, (train, evaluation, full) in zip(config.clients, shards, strict=True):
+        door = entry.backdoor
+        backdoor = (
+            backdoor_from_options(
+                door.target_label,
+                door.poison_rate,
+                door.trigger,
+                door.trigger_position,
+                door.attack,
+                full.num_labels,
+                entry.seed + entry.partition_id,
+            )
+            if door is not None
+            else None
+        )
+        agent_config = AgentConfig(
+            coordinator=config.coordinator,
+            federation_id=config.federation,
+            enrollment_token=entry.enrollment_token or config.enrollment_token,
+            name=entry.name,
+            state_dir=entry.state_dir,
+            device=config.device,
+            poll_wait=config.poll_wait,
+            slots_dir=config.slots_dir,
+            slots=config.slots,
+            num_threads=config.threads,
+            backdoor=backdoor,
+        )
+        agents.append(
+            Agent(
+                agent_config,
+                train,
+                evaluation,
+                transport=transport,
+                engine_factory=shared,
+                engine_lock=shared.lock,
+            )
+        )
+    return Pool(agents)
