@@ -1224,6 +1224,10 @@ class Coordinator:
                     raise _no_federation(fid)
                 if version < 0 or version > latest:
                     raise NotFound(f"prompt version {version} does not exist; the latest is {latest}")
+                # re-checked here like an upload's: a client revoked through another process is
+                # still in this one's authentication cache, and reports feed the dashboard's accuracy
+                if s.scalar(select(Client.revoked_at).where(Client.id == client.id)) is not None:
+                    raise Forbidden(f"client {client.id} was revoked by the operator")
                 exists = s.scalar(
                     select(Evaluation.id).where(
                         Evaluation.federation_id == fid,
@@ -1462,9 +1466,12 @@ def _parse_update_metadata(meta: dict[str, str], spec: FederationSpec) -> tuple[
 
 
 def validate_spec(payload: Any) -> FederationSpec:
-    """Parse a federation spec, turning validation errors into one readable 422."""
+    """Parse a federation spec, turning validation errors into one readable 422.
+
+    Strict, as its JSON schema says: a number is not taken from a string, nor an integer or a
+    boolean from each other (``"rounds": true`` is refused, not read as 1)."""
     try:
-        return FederationSpec.model_validate(payload)
+        return FederationSpec.model_validate(payload, strict=True)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}"

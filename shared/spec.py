@@ -12,6 +12,9 @@ from shared.methods import PROMPT_TENSOR, MethodConfig, MethodError, num_paramet
 from shared.methods import tensor_shapes as method_tensor_shapes
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+# A name (of a federation, of a client): no control characters (NUL, newlines, escapes: Unicode's Cc),
+# which a database column may refuse (Postgres: NUL) and a log line or the dashboard should not show.
+NAME_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
 __all__ = [
     "DEFAULT_MODEL",
     "PROMPT_TENSOR",
@@ -157,7 +160,7 @@ class FederationSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
 
-    name: str = Field("federation", min_length=1, max_length=200)
+    name: str = Field("federation", min_length=1, max_length=200, pattern=NAME_PATTERN)
     model: str = Field(DEFAULT_MODEL, min_length=1, description="Hub id or local path of the frozen PLM.")
     model_fingerprint: str | None = Field(None, description="Workers with another model refuse to join.")
     model_info: dict[str, Any] | None = Field(

@@ -69,6 +69,9 @@ async def get_metrics(request: Request) -> CoordinatorMetrics:
 
 
 IdPath = Annotated[int, Path(ge=0, le=MAX_ID, description="A non-negative 32-bit id or number.")]
+# A prompt version as a path or query parameter: a number (ASCII digits) or 'latest'.
+VERSION_PATTERN = r"^(?:latest|[0-9]{1,10})$"
+VersionPath = Annotated[str, Path(pattern=VERSION_PATTERN, description="A version number or 'latest'.")]
 ServiceDep = Annotated[Coordinator, Depends(get_service)]
 MetricsDep = Annotated[CoordinatorMetrics, Depends(get_metrics)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]

@@ -12,6 +12,7 @@ from coordinator.api.jsonbody import BoundedJSONRoute
 from coordinator.api.problems import API_ERRORS, problem_responses
 from coordinator.api.schemas import ClientInfo, Enrolled, EnrolmentToken
 from coordinator.db import MAX_ID
+from shared.spec import NAME_PATTERN
 
 router = APIRouter(
     prefix="/api/v1/federations/{fid}", tags=["clients"], responses=API_ERRORS, route_class=BoundedJSONRoute
@@ -21,7 +22,7 @@ router = APIRouter(
 class TokenRequest(BaseModel):
     """Options of a new enrolment token."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)  # true is not 1
     expires_in_s: float | None = Field(
         None, gt=0, le=10 * 365 * 86400, description="Seconds until the token expires."
     )
@@ -31,8 +32,10 @@ class TokenRequest(BaseModel):
 class EnrollRequest(BaseModel):
     """What a worker says about itself when it enrols."""
 
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(..., min_length=1, max_length=200)
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str = Field(
+        ..., min_length=1, max_length=200, pattern=NAME_PATTERN, description="No control characters."
+    )
     num_samples: int = Field(..., ge=0, le=MAX_ID)
     info: dict[str, Any] = Field(default_factory=dict, description="e.g. model_fingerprint, device")
 

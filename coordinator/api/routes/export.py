@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fastapi import APIRouter, Query, Response
 
-from coordinator.api.deps import AdminDep, IdPath, ServiceDep
+from coordinator.api.deps import VERSION_PATTERN, AdminDep, IdPath, ServiceDep
 from coordinator.api.jsonbody import BoundedJSONRoute
 from coordinator.api.problems import API_ERRORS
 
@@ -27,8 +29,10 @@ router = APIRouter(
 def export_prompt(
     fid: IdPath,
     service: ServiceDep,
-    format: str = Query("peft", description="Export format: 'peft' (PeftModel.from_pretrained loads it)."),
-    version: str = Query("latest", max_length=12, description="Prompt version number or 'latest'."),
+    format: Literal["peft"] = Query(
+        "peft", description="Export format: 'peft' (PeftModel.from_pretrained loads it)."
+    ),
+    version: str = Query("latest", pattern=VERSION_PATTERN, description="Prompt version number or 'latest'."),
 ) -> Response:
     """A prompt version as a zipped PEFT adapter folder."""
     filename, archive = service.export_prompt(fid, version, format)

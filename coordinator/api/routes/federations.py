@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import PlainValidator
 
 from coordinator.api.deps import (
     SAFETENSORS_BODY,
@@ -14,6 +15,7 @@ from coordinator.api.deps import (
     IdPath,
     ServiceDep,
     SettingsDep,
+    VersionPath,
     read_limited_body,
 )
 from coordinator.api.jsonbody import BoundedJSONRoute
@@ -29,18 +31,21 @@ router = APIRouter(
 )
 
 
+# The body's schema is FederationSpec's (extra properties refused: additionalProperties false); it is
+# checked by validate_spec, strictly, and a refusal reads "invalid federation spec: …" (422).
+SpecBody = Annotated[
+    FederationSpec,
+    PlainValidator(validate_spec, json_schema_input_type=FederationSpec),
+    Body(description="A FederationSpec", examples=[FederationSpec().model_dump()]),
+]
+
+
 @router.post("", status_code=201, dependencies=[AdminDep], response_model=FederationStatus)
-def create_federation(
-    service: ServiceDep,
-    settings: SettingsDep,
-    spec: dict[str, Any] = Body(
-        ..., description="A FederationSpec", examples=[FederationSpec().model_dump()]
-    ),
-) -> dict[str, Any]:
+def create_federation(service: ServiceDep, settings: SettingsDep, spec: SpecBody) -> dict[str, Any]:
     """Create a federation from a spec (JSON); an absent deadline takes the server's default."""
-    if isinstance(spec, dict) and "round_deadline_s" not in spec:
-        spec = {**spec, "round_deadline_s": settings.default_round_deadline_s}
-    parsed = validate_spec(spec)
+    parsed = spec
+    if "round_deadline_s" not in spec.model_fields_set:
+        parsed = validate_spec({**spec.model_dump(), "round_deadline_s": settings.default_round_deadline_s})
     size = parsed.prompt_bytes()
     if size > settings.max_upload_bytes:
         raise Invalid(
@@ -109,7 +114,9 @@ def get_spec(fid: IdPath, service: ServiceDep, who: EitherDep) -> dict[str, Any]
         304: {"description": "the version named by If-None-Match is current (no body)"},
     },
 )
-def get_prompt(fid: IdPath, version: str, service: ServiceDep, who: EitherDep, request: Request) -> Response:
+def get_prompt(
+    fid: IdPath, version: VersionPath, service: ServiceDep, who: EitherDep, request: Request
+) -> Response:
     """A global prompt version ('latest' or a number) as safetensors; ETag is its sha256."""
     pv = service.get_prompt(fid, version, client=who)
     etag = f'"{pv.sha256}"'

@@ -159,7 +159,7 @@ async def upload(
 class EvaluationReport(BaseModel):
     """A client's metrics of a global prompt version on its local held-out data."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
     version: int | None = Field(
         None, ge=0, le=MAX_ID, description="Prompt version evaluated; default: the round number."
     )
