@@ -21,6 +21,7 @@ from coordinator.api.routes import clients, dashboard, export, federations, heal
 from coordinator.config import Settings
 from coordinator.dashboard import STATIC_DIR
 from coordinator.db import make_engine, make_sessionmaker
+from coordinator.inflight import UploadGate
 from coordinator.metrics import (
     CoordinatorMetrics,
     MetricsMiddleware,
@@ -30,7 +31,7 @@ from coordinator.metrics import (
 )
 from coordinator.ratelimit import RateLimiter
 from coordinator.service import Coordinator
-from shared.logs import RequestContextMiddleware, bind_route_context
+from shared.logs import RequestContextMiddleware, bind_route_context, register_secret
 
 log = logging.getLogger("fedprompt.coordinator")
 
@@ -47,6 +48,7 @@ async def _sweeper(service: Coordinator, interval: float) -> None:
 
 def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
     """Build the app for a settings object (admin token already resolved)."""
+    register_secret(settings.admin_secret())  # never written to a log line, wherever it appears
     # a connection for every thread that can hold one at a time: the request threads, the upload
     # thread writing a batch (the others wait for it without one), the sweep, the long-polls' reader
     engine = make_engine(settings.url, pool_size=settings.threads + 3)
@@ -83,6 +85,9 @@ def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
     app.state.settings = settings
     app.state.service = service
     app.state.metrics = metrics
+    app.state.upload_gate = UploadGate(
+        settings.max_uploads_per_client, settings.max_upload_bytes_in_flight_per_client
+    )
     app.state.rate_limiter = RateLimiter(
         enrolment=settings.enrolment_rate_limit,
         failed_auth=settings.failed_auth_rate_limit,
@@ -99,6 +104,7 @@ def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
         BodyLimitMiddleware,
         request_limit=settings.max_request_bytes,
         upload_limit=settings.max_upload_bytes,
+        body_timeout_s=settings.body_timeout_s,
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(RequestContextMiddleware)

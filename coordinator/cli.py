@@ -52,6 +52,7 @@ def serve(
 
     from coordinator.app import create_app
     from coordinator.migrate import upgrade
+    from coordinator.server import uvicorn_options
     from shared.logs import configure_logging
 
     try:
@@ -79,7 +80,7 @@ def serve(
         log_level=log_level,
         log_config=None,  # keep the structlog handler; uvicorn's loggers propagate to it
         access_log=False,  # RequestContextMiddleware writes one access line per request instead
-        timeout_keep_alive=settings.keep_alive_s,
+        **uvicorn_options(settings),  # timeouts, head size, connections, trusted proxies
     )
 
 

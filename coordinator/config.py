@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
 from pathlib import Path
@@ -64,6 +65,48 @@ class Settings(BaseSettings):
         description="How long an idle HTTP connection is kept open; longer than clients keep theirs "
         "(httpx: 5 s), so a client never reuses a connection the server is closing.",
     )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A request's line and headers must arrive within this many seconds of its first "
+        "byte (of the connection's opening, for its first request); else the connection is closed.",
+    )
+    body_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="A request's body must arrive whole within this many seconds of the route's first "
+        "read of it; else 408 and the connection is closed (a 30 KiB prompt takes milliseconds).",
+    )
+    max_header_bytes: int = Field(
+        16 * 1024,
+        ge=1024,
+        description="Request line and headers larger are answered 431 and the connection closed.",
+    )
+    max_connections: int | None = Field(
+        4096,
+        ge=1,
+        description="Open connections (and requests in progress) past which uvicorn answers 503 "
+        "(its limit_concurrency); none: no limit. Keep it under the process's file descriptor limit.",
+    )
+    max_uploads_per_client: int = Field(
+        2,
+        ge=1,
+        le=1000,
+        description="Uploads of one client (or of the admin's initial prompt) in progress at once; "
+        "one more is answered 429 before its body is read.",
+    )
+    max_upload_bytes_in_flight_per_client: int = Field(
+        32 * 1024 * 1024,
+        ge=1024,
+        description="Bytes of one client's uploads held by the coordinator at once (received and not "
+        "yet stored); an upload that would pass it is answered 429.",
+    )
+    trusted_proxies: str = Field(
+        "",
+        description="Addresses or networks (comma-separated; '*' for any) of reverse proxies whose "
+        "X-Forwarded-For and X-Forwarded-Proto are believed; empty (the default): none, not even "
+        "loopback, so rate limits key on the connection's own address.",
+    )
     long_poll_interval_s: float = Field(0.25, gt=0)
     threads: int = Field(
         8, ge=1, le=1000, description="Threads that serve requests' database work (uploads excepted)."
@@ -106,6 +149,19 @@ class Settings(BaseSettings):
         if v is not None and len(v.get_secret_value()) < 16:
             raise ValueError("FEDPROMPT_ADMIN_TOKEN must be at least 16 characters")
         return v
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, v: str) -> str:
+        for item in (x.strip() for x in v.split(",") if x.strip()):
+            if item != "*":
+                try:
+                    ipaddress.ip_network(item, strict=False)
+                except ValueError:
+                    raise ValueError(
+                        f"FEDPROMPT_TRUSTED_PROXIES: {item!r} is not an address, a network (10.0.0.0/8) or '*'"
+                    ) from None
+        return ",".join(x.strip() for x in v.split(",") if x.strip())
 
     @field_validator("enrolment_rate_limit", "failed_auth_rate_limit")
     @classmethod

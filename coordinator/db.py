@@ -178,6 +178,17 @@ class Evaluation(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
+class RevokedSession(Base):
+    """A dashboard session ended by its logout before its expiry (the cookie is an HMAC, valid on every
+    replica until it expires; this record makes every replica refuse it). Kept until it would expire."""
+
+    __tablename__ = "revoked_sessions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    session_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 of the session's id
+    expires_at: Mapped[float] = mapped_column(Float, index=True)
+    revoked_at: Mapped[float] = mapped_column(Float)
+
+
 class Event(Base):
     """An audit trail of what happened to a federation (round opened, failed, client revoked, ...)."""
 

@@ -1,7 +1,8 @@
 """Per-IP rate limits on enrolment and on failed authentications (the `limits` library).
 
 Two limits, both keyed by the client's IP address (``request.client.host``; behind a reverse
-proxy, uvicorn takes it from X-Forwarded-For when the proxy is in FORWARDED_ALLOW_IPS):
+proxy, uvicorn takes it from X-Forwarded-For only when the proxy is in FEDPROMPT_TRUSTED_PROXIES,
+empty by default: no address is trusted, loopback included):
 
 - enrolment: every ``POST /api/v1/federations/{fid}/clients`` counts, accepted or not;
 - failed authentications: every request refused for a missing, unknown or expired token, a wrong

@@ -38,6 +38,7 @@ from coordinator.db import (
     Federation,
     Participant,
     PromptVersion,
+    RevokedSession,
     Round,
     ServerOptimizerState,
     Update,
@@ -532,6 +533,29 @@ class Coordinator:
                 self._event(s, fid, "client_revoked", f"client {cid} revoked")
             token_hash = client.token_hash
         self._auth.pop(token_hash, None)
+
+    # -- dashboard sessions -------------------------------------------------------------------
+
+    def revoke_session(self, session_id: str, expires_at: float) -> None:
+        """Record a dashboard session as ended (its logout), so that no replica accepts its cookie
+        again; records of sessions past their expiry are dropped meanwhile (they are refused anyway)."""
+        now = self.clock()
+        digest = hash_token(session_id)
+        try:
+            with self._tx() as s:
+                s.execute(delete(RevokedSession).where(RevokedSession.expires_at < now))
+                if s.scalar(select(RevokedSession.id).where(RevokedSession.session_hash == digest)) is None:
+                    s.add(RevokedSession(session_hash=digest, expires_at=expires_at, revoked_at=now))
+        except IntegrityError:  # the same session's concurrent logout recorded it first
+            pass
+
+    def session_revoked(self, session_id: str) -> bool:
+        """Whether a dashboard session was ended by its logout (one indexed read)."""
+        with self.sessions() as s:
+            digest = hash_token(session_id)
+            return (
+                s.scalar(select(RevokedSession.id).where(RevokedSession.session_hash == digest)) is not None
+            )
 
     # -- rounds -------------------------------------------------------------------------------
 

@@ -4,12 +4,17 @@ A route's first read of a body whose declared ``Content-Length`` is over the lim
 before a byte of it is received; a body sent without one (chunked) is counted as it streams in and
 refused (413) as soon as it passes the limit. A route that never reads its body never receives it. Uploads of prompts (``PUT …/rounds/{n}/update``, ``PUT …/prompts/0``) may
 be up to FEDPROMPT_MAX_UPLOAD_BYTES; every other body up to FEDPROMPT_MAX_REQUEST_BYTES.
+
+A body must also arrive whole within FEDPROMPT_BODY_TIMEOUT_S of the route's first read of it: a
+client that stalls or trickles is answered 408 with ``Connection: close``, so the server closes the
+connection and frees what it held (uvicorn's own timeouts do not cover a body in progress).
 """
 
 from __future__ import annotations
 
 import re
 
+import anyio
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -25,10 +30,13 @@ def _too_large(size: int | None, limit: int, upload: bool) -> str:
 class BodyLimitMiddleware:
     """Refuse request bodies over the limit of their route (413 problem+json)."""
 
-    def __init__(self, app: ASGIApp, *, request_limit: int, upload_limit: int) -> None:
+    def __init__(
+        self, app: ASGIApp, *, request_limit: int, upload_limit: int, body_timeout_s: float = 60.0
+    ) -> None:
         self.app = app
         self.request_limit = request_limit
         self.upload_limit = upload_limit
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -38,18 +46,33 @@ class BodyLimitMiddleware:
         limit = self.upload_limit if upload else self.request_limit
         declared = _content_length(scope)
         received = 0
+        deadline: float | None = None
+        complete = False
 
         async def limited_receive() -> Message:
             # Raised inside the route's body read, so the app's handler answers 413 problem+json and
             # the request has been routed (logs and metrics see which route it was).
-            nonlocal received
+            nonlocal received, deadline, complete
             if declared is not None and declared > limit:
                 raise HTTPException(413, _too_large(declared, limit, upload))  # not a byte read
-            message = await receive()
+            if complete:  # the body is in: what follows is a wait for the client's disconnect
+                return await receive()
+            if deadline is None:
+                deadline = anyio.current_time() + self.body_timeout_s
+            with anyio.move_on_after(max(0.0, deadline - anyio.current_time())) as waited:
+                message = await receive()
+            if waited.cancelled_caught:
+                raise HTTPException(
+                    408,
+                    f"the request body did not arrive within {self.body_timeout_s:g} s "
+                    "(FEDPROMPT_BODY_TIMEOUT_S); send it at once",
+                    headers={"Connection": "close"},  # uvicorn closes the connection after the answer
+                )
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
                     raise HTTPException(413, _too_large(None, limit, upload))
+                complete = not message.get("more_body", False)
             return message
 
         await self.app(scope, limited_receive, send)

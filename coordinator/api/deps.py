@@ -6,9 +6,10 @@ scope (tests/coordinator/test_security.py walks the routes to hold this). Failed
 and enrolments are rate-limited per IP (coordinator/ratelimit.py).
 
 The admin authenticates with ``Authorization: Bearer <FEDPROMPT_ADMIN_TOKEN>`` (curl, the CLI) or
-with the dashboard's session cookie. The cookie is not the token: it is an expiry and an HMAC of
-it keyed by the admin token, so it works on every coordinator process sharing the token and dies
-when the token is rotated. Requests that change state with the cookie must also send the header
+with the dashboard's session cookie. The cookie is not the token: it is an expiry, a random session
+id and an HMAC of both keyed by the admin token, so it works on every coordinator process sharing
+the token and dies when the token is rotated; its logout records the session id in the database
+(revoked_sessions), and every process refuses it from then on. Requests that change state with the cookie must also send the header
 ``X-Requested-With: fedprompt-dashboard``, which a cross-site form cannot send (with the cookie's
 SameSite=Strict, two independent guards against CSRF).
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
+import secrets
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -30,6 +33,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from coordinator.config import Settings
 from coordinator.db import MAX_ID, Client
 from coordinator.errors import Forbidden, Invalid, TooLarge, Unauthorized
+from coordinator.inflight import Ticket
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.ratelimit import RateLimiter
 from coordinator.service import Coordinator
@@ -90,35 +94,51 @@ def is_admin_token(token: str, settings: Settings) -> bool:
     return hmac.compare_digest(token.encode(), settings.admin_secret().encode())
 
 
-def _session_mac(admin_token: str, expires: int) -> str:
+_SESSION = re.compile(r"v1\.([0-9]{1,12})\.([A-Za-z0-9_-]{16,64})\.([0-9a-f]{64})")
+
+
+def _session_mac(admin_token: str, expires: int, session_id: str) -> str:
     return hmac.new(
-        admin_token.encode(), f"fedprompt-dashboard|{expires}".encode(), hashlib.sha256
+        admin_token.encode(), f"fedprompt-dashboard|{expires}|{session_id}".encode(), hashlib.sha256
     ).hexdigest()
 
 
 def new_session(admin_token: str, *, now: float | None = None, ttl: float = SESSION_TTL_S) -> str:
-    """A dashboard session cookie value: expiry and its HMAC keyed by the admin token."""
+    """A dashboard session cookie value: expiry, a random session id and their HMAC keyed by the admin token."""
     expires = int((time.time() if now is None else now) + ttl)
-    return f"v1.{expires}.{_session_mac(admin_token, expires)}"
+    session_id = secrets.token_urlsafe(16)
+    return f"v1.{expires}.{session_id}.{_session_mac(admin_token, expires, session_id)}"
+
+
+def parse_session(value: str | None, admin_token: str, *, now: float | None = None) -> tuple[str, int] | None:
+    """(session id, expiry) of a cookie value made with this admin token and not expired, else None."""
+    match = _SESSION.fullmatch(value or "")
+    if match is None:
+        return None
+    expires, session_id, mac = int(match[1]), match[2], match[3]
+    if expires < (time.time() if now is None else now):
+        return None
+    if not hmac.compare_digest(mac.encode(), _session_mac(admin_token, expires, session_id).encode()):
+        return None
+    return session_id, expires
 
 
 def session_is_valid(value: str | None, admin_token: str, *, now: float | None = None) -> bool:
-    """True if the cookie value was made with this admin token and has not expired."""
-    if not value:
-        return False
-    version, _, rest = value.partition(".")
-    expires_s, _, mac = rest.partition(".")
-    if version != "v1" or not expires_s.isdigit():
-        return False
-    expires = int(expires_s)
-    if expires < (time.time() if now is None else now):
-        return False
-    return hmac.compare_digest(mac.encode(), _session_mac(admin_token, expires).encode())
+    """True if the cookie value was made with this admin token and has not expired (no I/O: whether
+    its logout revoked it is `has_session`'s question)."""
+    return parse_session(value, admin_token, now=now) is not None
 
 
-def has_session(request: Request, settings: Settings) -> bool:
-    """The request carries a valid dashboard session cookie."""
-    return session_is_valid(request.cookies.get(SESSION_COOKIE), settings.admin_secret())
+def has_session(request: Request, settings: Settings, service: Coordinator) -> bool:
+    """The request carries a valid dashboard session cookie whose session was not logged out (reads
+    the database: call it from a thread)."""
+    parsed = parse_session(request.cookies.get(SESSION_COOKIE), settings.admin_secret())
+    return parsed is not None and not service.session_revoked(parsed[0])
+
+
+def uses_session(request: Request) -> bool:
+    """The request authenticates with the dashboard's cookie (it sends no Authorization header)."""
+    return "authorization" not in request.headers and SESSION_COOKIE in request.cookies
 
 
 class WrongAdminToken(Forbidden):
@@ -126,7 +146,8 @@ class WrongAdminToken(Forbidden):
 
 
 def client_ip(request: Request) -> str:
-    """The address rate limits are keyed by (uvicorn resolves X-Forwarded-For from trusted proxies)."""
+    """The address rate limits are keyed by (uvicorn resolves X-Forwarded-For only from the proxies
+    in FEDPROMPT_TRUSTED_PROXIES; none by default)."""
     return request.client.host if request.client else "unknown"
 
 
@@ -171,9 +192,10 @@ def authorize(
     names an active client of federation `fid`; a client only ever acts as that client.
     """
     request.state.auth_scope = scope
-    if scope is Scope.ADMIN and "authorization" not in request.headers and SESSION_COOKIE in request.cookies:
+    if scope is Scope.ADMIN and uses_session(request):
+        assert service is not None
         with counting_failures(request, count=False):  # a stale cookie is not a guess
-            if not has_session(request, settings):
+            if not has_session(request, settings, service):
                 raise Unauthorized(
                     "the dashboard session expired or is invalid; log in again at /dashboard/login"
                 )
@@ -230,10 +252,16 @@ async def _authorize_client(
 
 
 async def require_admin(
-    request: Request, settings: SettingsDep, _: Annotated[Credentials, Depends(admin_scheme)]
+    request: Request,
+    settings: SettingsDep,
+    service: ServiceDep,
+    _: Annotated[Credentials, Depends(admin_scheme)],
 ) -> None:
-    """Admin routes."""
-    authorize(request, Scope.ADMIN, settings)
+    """Admin routes (the session cookie's check reads the database: in a thread)."""
+    if uses_session(request):
+        await run_in_threadpool(authorize, request, Scope.ADMIN, settings, service)
+    else:
+        authorize(request, Scope.ADMIN, settings)
 
 
 async def require_client(
@@ -292,8 +320,11 @@ SAFETENSORS_BODY: dict[str, Any] = {
 }
 
 
-async def read_limited_body(request: Request, limit: int) -> bytes:
-    """Read a request body, refusing it (413) as soon as it exceeds `limit` bytes."""
+async def read_limited_body(request: Request, limit: int, ticket: Ticket | None = None) -> bytes:
+    """Read a request body, refusing it (413) as soon as it exceeds `limit` bytes.
+
+    With a ticket of the upload gate, the declared size is reserved before a byte is read and what
+    streams in past it is counted as it arrives (429 when the holder's bytes in flight are over)."""
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -302,10 +333,19 @@ async def read_limited_body(request: Request, limit: int) -> bytes:
             raise Invalid("invalid Content-Length header") from None
         if size > limit:
             raise TooLarge(f"body of {size} bytes exceeds the upload limit of {limit} bytes")
+        if ticket is not None:
+            ticket.add(size)
     chunks, total = [], 0
     async for chunk in request.stream():
         total += len(chunk)
         if total > limit:
             raise TooLarge(f"body exceeds the upload limit of {limit} bytes")
+        if ticket is not None and total > ticket.bytes:
+            ticket.add(total - ticket.bytes)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def upload_ticket(request: Request, holder: int | str) -> Ticket:
+    """A place among the uploads in progress of a client (or 'admin'), or 429 (see inflight.py)."""
+    return request.app.state.upload_gate.open(holder)

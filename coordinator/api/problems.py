@@ -33,6 +33,7 @@ DESCRIPTIONS = {
     401: "no token, or an unknown or expired one",
     403: "the token does not allow this",
     404: "no such federation, round, client or version",
+    408: "the request body did not arrive in time (FEDPROMPT_BODY_TIMEOUT_S); the connection is closed",
     409: "conflicts with the federation's current state",
     410: "the round is closed",
     413: "the request body is over the limit",
@@ -56,7 +57,7 @@ def problem_responses(*codes: int, **descriptions: str) -> dict[int | str, dict[
 
 
 # What every route under /api/v1 may answer; routes add 409 / 410 where they can conflict.
-API_ERRORS = problem_responses(400, 401, 403, 404, 413, 422, 429, 503)
+API_ERRORS = problem_responses(400, 401, 403, 404, 408, 413, 422, 429, 503)
 
 
 def document(app: FastAPI) -> None:
@@ -141,8 +142,10 @@ def install(app: FastAPI) -> None:
             403: "Forbidden",
             404: "Not found",
             405: "Method not allowed",
+            408: "Request timeout",
             413: "Payload too large",
             429: "Too many requests",
+            431: "Request header fields too large",
         }
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404 and detail == "Not Found":
@@ -151,4 +154,6 @@ def install(app: FastAPI) -> None:
             detail = (
                 "the request body could not be parsed: send UTF-8 JSON with Content-Type: application/json"
             )
-        return problem(exc.status_code, titles.get(exc.status_code, "Error"), detail, request)
+        # its headers too: Allow of a 405, Connection: close of a 408
+        headers = getattr(exc, "headers", None)
+        return problem(exc.status_code, titles.get(exc.status_code, "Error"), detail, request, headers)

@@ -22,6 +22,7 @@ from coordinator.api.deps import (
     has_session,
     is_admin_token,
     new_session,
+    parse_session,
     read_limited_body,
 )
 from coordinator.dashboard import make_templates, page_data
@@ -62,7 +63,7 @@ def dashboard(
     federation: int | None = None,
 ) -> Response:
     """The dashboard page; without a session, the login form."""
-    if not has_session(request, settings):
+    if not has_session(request, settings, service):
         return RedirectResponse("/dashboard/login", status_code=303)
     data = page_data(service, metrics.refused_uploads, federation)
     return _render(request, "dashboard.html", {**data, "poll_ms": POLL_MS, "csrf_value": CSRF_VALUE})
@@ -78,9 +79,9 @@ def live(
 
 
 @router.get("/login", response_class=HTMLResponse)
-def login_form(request: Request, settings: SettingsDep) -> Response:
+def login_form(request: Request, settings: SettingsDep, service: ServiceDep) -> Response:
     """The login form (the admin token is typed once, then kept as a session cookie)."""
-    if has_session(request, settings):
+    if has_session(request, settings, service):
         return RedirectResponse("/dashboard", status_code=303)
     return _render(request, "login.html", {"error": None})
 
@@ -121,8 +122,12 @@ async def login(request: Request, settings: SettingsDep) -> Response:
 
 
 @router.post("/logout")
-def logout() -> Response:
-    """Forget the session cookie in this browser."""
+def logout(request: Request, settings: SettingsDep, service: ServiceDep) -> Response:
+    """End the session: recorded as revoked in the database (no coordinator process accepts its cookie
+    again, even one copied elsewhere), and the cookie forgotten in this browser."""
+    session = parse_session(request.cookies.get(SESSION_COOKIE), settings.admin_secret())
+    if session is not None:
+        service.revoke_session(*session)
     response = RedirectResponse("/dashboard/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
     return response

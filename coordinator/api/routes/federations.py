@@ -17,6 +17,7 @@ from coordinator.api.deps import (
     SettingsDep,
     VersionPath,
     read_limited_body,
+    upload_ticket,
 )
 from coordinator.api.jsonbody import BoundedJSONRoute
 from coordinator.api.problems import API_ERRORS, problem_responses
@@ -138,6 +139,7 @@ async def set_initial_prompt(
     fid: IdPath, request: Request, service: ServiceDep, settings: SettingsDep
 ) -> JSONResponse:
     """Replace the initial prompt (version 0) before round 1, e.g. with a vocabulary initialisation."""
-    body = await read_limited_body(request, settings.max_upload_bytes)
-    pv = service.set_initial_prompt(fid, body)
+    with upload_ticket(request, "admin") as ticket:
+        body = await read_limited_body(request, settings.max_upload_bytes, ticket)
+        pv = service.set_initial_prompt(fid, body)
     return JSONResponse({"version": 0, "sha256": pv.sha256})

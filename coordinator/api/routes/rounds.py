@@ -19,6 +19,7 @@ from coordinator.api.deps import (
     ServiceDep,
     SettingsDep,
     read_limited_body,
+    upload_ticket,
 )
 from coordinator.api.jsonbody import BoundedJSONRoute
 from coordinator.api.longpoll import StampWatch
@@ -139,10 +140,12 @@ async def upload(
     background: BackgroundTasks,
 ) -> JSONResponse:
     """Upload a trained prompt (safetensors body; metadata carries num_samples and metrics)."""
-    body = await read_limited_body(request, settings.max_upload_bytes)
-    # uploads have threads of their own (set up with the app's lifespan), see Settings.upload_threads
-    limiter = getattr(request.app.state, "upload_limiter", None)
-    result = await anyio.to_thread.run_sync(service.upload, fid, number, client, body, limiter=limiter)
+    # held from the first byte until stored: capped per client in number and bytes (429 past either)
+    with upload_ticket(request, client.id) as ticket:
+        body = await read_limited_body(request, settings.max_upload_bytes, ticket)
+        # uploads have threads of their own (set up with the app's lifespan), see Settings.upload_threads
+        limiter = getattr(request.app.state, "upload_limiter", None)
+        result = await anyio.to_thread.run_sync(service.upload, fid, number, client, body, limiter=limiter)
     if result.round_complete:  # this upload's batch completed the round: aggregate it now
         background.add_task(service.after_upload, fid)
     payload = {

@@ -1,0 +1,133 @@
+"""The HTTP server: uvicorn with the connection limits of the settings.
+
+uvicorn bounds an idle kept-alive connection (``timeout_keep_alive``), the connections and requests
+in progress (``limit_concurrency``: past it, 503) and, with its h11 parser, the size of a request's
+head (``h11_max_incomplete_event_size``). It does not bound how long a client may take to send a
+request's line and headers, and its httptools parser (the one used here, for speed) does not bound
+their size: a connection that opens and trickles a header a byte a minute is held forever.
+``guarded_protocol`` adds both to the httptools protocol: the head must be complete within
+FEDPROMPT_HEADER_TIMEOUT_S of the request's first byte (of the connection's opening, for its first
+request), else the connection is answered 408 and closed; a head over FEDPROMPT_MAX_HEADER_BYTES is
+answered 431 and closed. The body's own deadline is the ASGI middleware's (api/body_limit.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from coordinator.config import Settings
+
+try:  # uvicorn's compiled parser: a dependency of the package, but keep the pure-Python fallback
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # pragma: no cover
+    HttpToolsProtocol = None  # type: ignore[assignment,misc]
+
+
+def _response(status: int, reason: str) -> bytes:
+    return f"HTTP/1.1 {status} {reason}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".encode("ascii")
+
+
+def guarded_protocol(header_timeout_s: float, max_header_bytes: int) -> type[asyncio.Protocol] | None:
+    """uvicorn's httptools protocol with a deadline for a request's head and a cap on its size."""
+    if HttpToolsProtocol is None:  # pragma: no cover
+        return None
+
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):  # type: ignore[misc,valid-type]
+        header_timeout = header_timeout_s
+        max_head = max_header_bytes
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._head_timer: asyncio.TimerHandle | None = None
+            self._head_bytes = 0
+            self._refused = False
+
+        # -- the head's deadline ----------------------------------------------------------------
+
+        def _arm(self) -> None:
+            if self._head_timer is None:
+                self._head_timer = self.loop.call_later(self.header_timeout, self._head_too_slow)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_too_slow(self) -> None:
+            self._head_timer = None
+            self._refuse(408, "Request Timeout")
+
+        def _refuse(self, status: int, reason: str) -> None:
+            self._refused = True
+            self._disarm()
+            if not self.transport.is_closing():
+                self.transport.write(_response(status, reason))
+                self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return
+            super().data_received(data)
+
+        # -- parser callbacks: count the head, start and stop its clock ---------------------------
+
+        def on_message_begin(self) -> None:
+            if self._refused:
+                return
+            self._head_bytes = 0
+            self._arm()  # the idle time before it was the keep-alive timeout's
+            super().on_message_begin()
+
+        def _count(self, n: int) -> bool:
+            self._head_bytes += n
+            if self._head_bytes > self.max_head:
+                self._refuse(431, "Request Header Fields Too Large")
+            return not self._refused
+
+        def on_url(self, url: bytes) -> None:
+            if not self._refused and self._count(len(url)):
+                super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            if not self._refused and self._count(len(name) + len(value) + 4):
+                super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            if self._refused:
+                return
+            self._disarm()
+            super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            if not self._refused:
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            if not self._refused:
+                super().on_message_complete()
+
+    return GuardedHttpToolsProtocol
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """The uvicorn.run options that enforce the settings' connection limits and proxy trust."""
+    protocol = guarded_protocol(settings.header_timeout_s, settings.max_header_bytes)
+    trusted = settings.trusted_proxies
+    return {
+        "http": protocol or "h11",
+        "h11_max_incomplete_event_size": settings.max_header_bytes,  # the h11 fallback's head limit
+        "timeout_keep_alive": settings.keep_alive_s,
+        "limit_concurrency": settings.max_connections,
+        # X-Forwarded-For / -Proto only from the proxies named (uvicorn's default trusts 127.0.0.1)
+        "proxy_headers": bool(trusted),
+        "forwarded_allow_ips": trusted or None,
+    }
