@@ -30,37 +30,15 @@ def to_args(options: Mapping[str, Any]) -> list[str]:
 
 
 @dataclass(frozen=True)
-class WorkerServe:
-    """One simulated site: `fedprompt-worker serve` with these options."""
+class WorkerPool:
+    """P of a simulation's worker processes: `fedprompt-worker pool` serving the clients of its file."""
 
-    coordinator: str
-    federation: int
-    enrollment_token: str
-    data: str
-    partition: str
-    num_partitions: int
-    partition_id: int
-    seed: int
-    state_dir: Path
+    config: Path
     port: int
-    name: str
-    threads: int
-    slots_dir: Path
-    slots: int
-    poll_wait: int = 2
-    device: str = "auto"
     log_level: str = "warning"
-    # the backdoor (target_label: every client measures the ASR; poison_rate and attack: malicious ones)
-    target_label: int | None = None
-    trigger: str | None = None
-    trigger_position: str | None = None
-    poison_rate: float | None = None
-    attack: str | None = None
-    train_limit: int | None = None
-    eval_limit: int | None = None
 
     def argv(self) -> list[str]:
-        return [bin_path("fedprompt-worker"), "serve", *to_args(asdict(self))]
+        return [bin_path("fedprompt-worker"), "pool", *to_args(asdict(self))]
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ class SimulateOptions:
     database_url: str | None
     out: Path
     parallel: int | None
+    processes: int | None
     round_deadline: float
     baseline: bool
     device: str
@@ -52,6 +53,8 @@ class SimulateOptions:
     ldp_mechanism: str
     ldp_delta: float | None
     aggregation: str
+    server_optimizer: str
+    init: str
     init_prompt: Path | None
     save_prompt: Path | None
     method: str
@@ -97,6 +100,24 @@ def parse_aggregation(text: str) -> dict[str, Any]:
     return {"name": name, "params": params}
 
 
+def parse_server_optimizer(text: str) -> dict[str, Any] | None:
+    """'fedadam:lr=0.1,beta1=0.9' → {"name": "fedadam", "lr": 0.1, "beta1": 0.9}; 'fedavg' → None (plain
+    FedAvg), validated by the spec's ServerOptimizerSpec."""
+    from pydantic import ValidationError
+
+    from shared.spec import ServerOptimizerSpec
+
+    parsed = parse_aggregation(text.replace("--aggregation", "--server-optimizer"))
+    if parsed["name"] == "fedavg" and not parsed["params"]:
+        return None
+    fields = {"name": parsed["name"], **parsed["params"]}
+    try:
+        return ServerOptimizerSpec.model_validate(fields).model_dump(exclude_none=True)
+    except ValidationError as exc:
+        problems = "; ".join(e["msg"] for e in exc.errors())
+        raise ValueError(f"--server-optimizer {text!r}: {problems}") from None
+
+
 def privacy_spec(
     mechanism: str, epsilon: float | None, clip: float | None, delta: float | None
 ) -> dict[str, Any] | None:
@@ -133,6 +154,11 @@ def check_attack_options(opts: SimulateOptions) -> None:
     privacy_spec(opts.ldp_mechanism, opts.ldp_epsilon, opts.ldp_clip, opts.ldp_delta)
     agg = parse_aggregation(opts.aggregation)
     check_params(agg["name"], agg["params"])
+    parse_server_optimizer(opts.server_optimizer)
+    if opts.init not in ("vocab", "label"):
+        raise ValueError(f"--init must be vocab or label; got {opts.init!r}")
+    if opts.processes is not None and opts.processes > opts.clients:
+        raise ValueError(f"--processes ({opts.processes}) cannot exceed --clients ({opts.clients})")
 
 
 def check_data_options(opts: SimulateOptions) -> None:
@@ -193,6 +219,7 @@ def build_spec(
     aggregation: dict[str, Any] | None = None,
     privacy: dict[str, Any] | None = None,
     method: dict[str, Any] | None = None,
+    server_optimizer: dict[str, Any] | None = None,
 ) -> FederationSpec:
     """The federation spec for a simulation (`method`: method, encoder and model-shape fields)."""
     from worker.data import preset_for
@@ -220,14 +247,16 @@ def build_spec(
         seed=seed,
         aggregation=aggregation or {"name": "fedavg", "params": {}},
         privacy=privacy,
+        server_optimizer=server_optimizer,
         **(method or {}),
     )
 
 
 def model_facts(
-    model: str, seed: int, spec_kwargs: dict[str, Any], method: dict[str, Any]
+    model: str, seed: int, spec_kwargs: dict[str, Any], method: dict[str, Any], init: str = "vocab"
 ) -> tuple[int, str, bytes | None, dict[str, Any]]:
-    """(hidden size, fingerprint, vocabulary-initialised prompt, spec fields of the model) from the local model."""
+    """(hidden size, fingerprint, initial prompt (vocabulary or label words), spec fields of the model)
+    from the local model."""
     from transformers.utils import logging as hf_logging
 
     from worker.engine import PromptEngine
@@ -239,7 +268,7 @@ def model_facts(
         verbalizer=spec_kwargs["verbalizer"],
         num_virtual_tokens=spec_kwargs["num_virtual_tokens"],
         max_length=spec_kwargs["max_length"],
-        init="vocab",
+        init=init,  # type: ignore[arg-type]
         seed=seed,
         device="cpu",
         **method,
@@ -274,7 +303,9 @@ def federation_spec(opts: SimulateOptions, dataset: Dataset) -> tuple[Federation
         "encoder_hidden_size": opts.encoder_hidden_size,
         "prefix_projection": opts.prefix_projection,
     }
-    hidden, fingerprint, initial_blob, facts = model_facts(opts.model, opts.seed, kwargs, method_options)
+    hidden, fingerprint, initial_blob, facts = model_facts(
+        opts.model, opts.seed, kwargs, method_options, opts.init
+    )
     spec = build_spec(
         dataset_name=dataset.name,
         task=dataset.task,
@@ -296,6 +327,7 @@ def federation_spec(opts: SimulateOptions, dataset: Dataset) -> tuple[Federation
         aggregation=parse_aggregation(opts.aggregation),
         privacy=privacy_spec(opts.ldp_mechanism, opts.ldp_epsilon, opts.ldp_clip, opts.ldp_delta),
         method=facts,
+        server_optimizer=parse_server_optimizer(opts.server_optimizer),
     )
     if opts.init_prompt is not None:
         initial_blob = opts.init_prompt.read_bytes()

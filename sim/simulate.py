@@ -1,11 +1,14 @@
-"""`fedprompt simulate`: a whole federation on one machine — one coordinator and K worker processes.
+"""`fedprompt simulate`: a whole federation on one machine — one coordinator and P worker processes
+serving K virtual clients (each process loads the model once; each client has its own identity,
+token, state folder and data shard, and talks to the coordinator like a separate site).
 
 Everything talks real HTTP on loopback. Every process it starts is stopped on success, failure,
 Ctrl-C or SIGTERM (and, on Linux, dies with it if it is killed). Running it again with the same
 --out continues the federation from its last closed round (simulation.json in --out says which).
 
 The steps, each below: check the options, start the coordinator, create (or find) the federation,
-enrol the sites in order, start their workers, follow the rounds, write the results.
+enrol the clients in order, start the worker pools, follow the rounds (a pool process that dies is
+restarted: its clients reuse their credentials and re-send unacknowledged updates), write the results.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import typer
 from shared.client import CoordinatorClient
 from shared.local import free_port, wait_ready
 from shared.spec import DEFAULT_MODEL, FederationSpec
-from sim.argv import WorkerServe
+from sim.argv import WorkerPool
 from sim.baseline import run_baseline
 from sim.enrol import enrol_in_order
 from sim.options import Dataset, SimulateOptions, federation_spec, validate
@@ -32,6 +35,7 @@ from sim.progress import follow
 from sim.results import run_facts, write_results
 from sim.supervisor import Processes, SimulationError, bin_path
 from sim.tables import console, print_summary
+from worker.pool import BackdoorEntry, ClientEntry, PoolConfig
 
 
 def simulate_command(
@@ -39,7 +43,10 @@ def simulate_command(
         str, typer.Option(help="Data set name (shared/datasets or $FEDPROMPT_DATASETS) or folder.")
     ] = "sst2",
     model: Annotated[str, typer.Option(help="Frozen PLM: hub id or local path.")] = DEFAULT_MODEL,
-    clients: Annotated[int, typer.Option("--clients", "-k", min=1, help="K: worker processes.")] = 4,
+    clients: Annotated[
+        int,
+        typer.Option("--clients", "-k", min=1, help="K: clients (virtual: identities with a data shard)."),
+    ] = 4,
     fraction: Annotated[
         float, typer.Option("--fraction", "-c", help="C: fraction selected per round.")
     ] = 0.5,
@@ -62,7 +69,17 @@ def simulate_command(
         Path, typer.Option(help="Results folder; reuse it to continue an interrupted run.")
     ] = Path("runs/simulate"),
     parallel: Annotated[
-        int | None, typer.Option(min=1, help="Workers training at once (default: CPU cores).")
+        int | None, typer.Option(min=1, help="Clients training at once (default: CPU cores).")
+    ] = None,
+    processes: Annotated[
+        int | None,
+        typer.Option(
+            "--processes",
+            "-p",
+            min=1,
+            help="P: worker processes serving the K clients, each with the model loaded once "
+            "(default: CPU cores on CPU, 1 with CUDA; at most K).",
+        ),
     ] = None,
     round_deadline: Annotated[
         float, typer.Option(help="Seconds before a round closes with what arrived.")
@@ -103,6 +120,17 @@ def simulate_command(
         str,
         typer.Option(help="Rule and parameters: fedavg, median, trimmed_mean:beta=0.2, multi_krum:f=1, …"),
     ] = "fedavg",
+    server_optimizer: Annotated[
+        str,
+        typer.Option(
+            help="Server optimiser of each round's aggregate: fedavg (none) | fedavgm | fedadagrad | fedadam "
+            "| fedyogi, with parameters, e.g. fedadam:lr=0.1 or fedavgm:lr=1.0,momentum=0.9."
+        ),
+    ] = "fedavg",
+    init: Annotated[
+        str,
+        typer.Option(help="Starting prompt: vocab (sampled word embeddings) | label (label words first)."),
+    ] = "vocab",
     init_prompt: Annotated[
         Path | None,
         typer.Option(help="Start from this prompt (safetensors) instead of the vocabulary initialisation."),
@@ -137,6 +165,7 @@ class Run:
     cores: int
     parallel: int
     threads: int
+    processes: int
 
     @property
     def state_path(self) -> Path:
@@ -158,8 +187,9 @@ class Run:
             "FEDPROMPT_DATA_DIR": str(out),
             "FEDPROMPT_SWEEP_INTERVAL_S": "0.5",
         }
-        threads = max(1, cores // min(parallel, opts.clients))
-        return cls(out, env, admin_token, cores, parallel, threads)
+        processes = min(opts.processes or (1 if opts.device == "cuda" else cores), opts.clients)
+        threads = max(1, cores // min(parallel, processes))
+        return cls(out, env, admin_token, cores, parallel, threads, processes)
 
 
 def simulate(opts: SimulateOptions) -> None:
@@ -172,7 +202,11 @@ def simulate(opts: SimulateOptions) -> None:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
     run = Run.prepare(opts, out)
-    procs = Processes()
+    procs = Processes(
+        on_restart=lambda name, code: console.print(
+            f"[yellow]{name} exited with code {code}; restarting it (its clients keep their credentials)[/]"
+        )
+    )
 
     def on_term(signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
@@ -210,14 +244,16 @@ def _federate(
     clients, seed = int(setup["clients"]), int(spec["seed"])
     token = admin.create_enrollment_token(fid, max_uses=clients)
     enrol_in_order(admin, url, fid, token, setup, seed, run.out / "workers")
-    for i in range(clients):
-        serve = _worker(i, url, fid, token, setup, seed, run, opts.device)
-        procs.start(f"worker {i}", serve.argv(), run.out / "logs" / f"worker-{i}.log", run.env)
+    for p in range(run.processes):
+        members = [_client(i, fid, setup, seed, run) for i in range(p, clients, run.processes)]
+        pool = WorkerPool(config=_pool_file(p, url, fid, token, members, run, opts.device), port=free_port())
+        procs.start(f"worker pool {p}", pool.argv(), run.out / "logs" / f"pool-{p}.log", run.env, restarts=3)
     records, initial = follow(admin, fid, spec, clients, procs)
     if opts.save_prompt is not None:
         opts.save_prompt.parent.mkdir(parents=True, exist_ok=True)
         opts.save_prompt.write_bytes(admin.prompt(fid, "latest").blob)
     extra = run_facts(spec, setup, parallel=run.parallel, cores=run.cores, device=opts.device)
+    extra["processes"] = run.processes
     procs.stop()
     if opts.baseline:
         extra["baseline"] = run_baseline(
@@ -285,33 +321,51 @@ def _create_federation(
     return fid, admin.federation(fid)["spec"]
 
 
-def _worker(
-    i: int, url: str, fid: int, token: str, setup: dict[str, Any], seed: int, run: Run, device: str
-) -> WorkerServe:
-    """Site i: its shard of the data set, its state folder, and the backdoor if it is malicious."""
+def _client(i: int, fid: int, setup: dict[str, Any], seed: int, run: Run) -> ClientEntry:
+    """Client i: its shard of the data set, its state folder, and the backdoor if it is malicious."""
     door = setup.get("backdoor") or {}
     malicious = bool(door) and i < int(door["malicious"])
-    return WorkerServe(
-        coordinator=url,
-        federation=fid,
-        enrollment_token=token,
+    backdoor = None
+    if door and (door.get("target_label") is not None):
+        backdoor = BackdoorEntry(
+            target_label=int(door["target_label"]),
+            trigger=door["trigger"],
+            trigger_position=door["trigger_position"],
+            poison_rate=float(door["poison_rate"]) if malicious else 0.0,
+            attack=door["attack"] if malicious else "none",
+        )
+    return ClientEntry(
+        name=f"client-{i}",
+        state_dir=run.out / "workers" / str(i),
         data=setup["dataset"],
         partition=setup["partition"],
         num_partitions=int(setup["clients"]),
         partition_id=i,
         seed=seed,
-        state_dir=run.out / "workers" / str(i),
-        port=free_port(),
-        name=f"client-{i}",
-        threads=run.threads,
-        slots_dir=run.out / "slots",
-        slots=run.parallel,
-        device=device,
-        target_label=door.get("target_label"),
-        trigger=door.get("trigger"),
-        trigger_position=door.get("trigger_position"),
-        poison_rate=door["poison_rate"] if malicious else None,
-        attack=door["attack"] if malicious else None,
         train_limit=setup.get("train_limit") or None,
         eval_limit=setup.get("eval_limit") or None,
+        backdoor=backdoor,
     )
+
+
+def _pool_file(
+    p: int, url: str, fid: int, token: str, members: list[ClientEntry], run: Run, device: str
+) -> Path:
+    """The pool file of worker process p (0600: it holds the enrolment token)."""
+    config = PoolConfig(
+        coordinator=url,
+        federation=fid,
+        enrollment_token=token,
+        device=device,
+        threads=run.threads,
+        poll_wait=2,
+        slots_dir=run.out / "slots",
+        slots=run.parallel,
+        clients=members,
+    )
+    path = run.out / "pools" / f"pool-{p}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(config.model_dump_json(indent=2))
+    return path

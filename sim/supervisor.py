@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,12 +41,25 @@ class Processes:
 
     procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
     logs: list[Any] = field(default_factory=list)
+    # name → (args, log path, env, restarts left) of children that are restarted when they die
+    restartable: dict[str, tuple[list[str], Path, dict[str, str], int]] = field(default_factory=dict)
+    on_restart: Callable[[str, int], None] | None = None
 
-    def start(self, name: str, args: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
-        """Start a child with its output in a log file."""
+    def start(
+        self, name: str, args: list[str], log_path: Path, env: dict[str, str], *, restarts: int = 0
+    ) -> subprocess.Popen:
+        """Start a child with its output in a log file; one with `restarts` > 0 is started again (at most
+        that many times) when it dies."""
+        proc = self._spawn(args, log_path, env)
+        self.procs.append((name, proc))
+        if restarts > 0:
+            self.restartable[name] = (args, log_path, env, restarts)
+        return proc
+
+    def _spawn(self, args: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
         log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.logs.append(log)
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             args,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -53,14 +67,19 @@ class Processes:
             preexec_fn=die_with_parent,
             start_new_session=True,
         )
-        self.procs.append((name, proc))
-        return proc
 
     def check(self) -> None:
-        """Raise if a child died."""
-        for name, proc in self.procs:
-            if proc.poll() is not None:
+        """Restart a restartable child that died; raise if another child died or one died too often."""
+        for index, (name, proc) in enumerate(list(self.procs)):
+            if proc.poll() is None:
+                continue
+            args, log_path, env, left = self.restartable.get(name, ([], Path(), {}, 0))
+            if left <= 0:
                 raise SimulationError(f"{name} exited with code {proc.returncode}")
+            if self.on_restart is not None:
+                self.on_restart(name, proc.returncode)
+            self.restartable[name] = (args, log_path, env, left - 1)
+            self.procs[index] = (name, self._spawn(args, log_path, env))
 
     def stop(self) -> None:
         """SIGTERM everyone, wait, SIGKILL stragglers."""

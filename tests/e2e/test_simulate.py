@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -118,7 +119,7 @@ def test_sigint_mid_round_leaves_no_process_and_rerun_continues(tmp_path: Path) 
             "round 1 to close and round 2 to open",
             interval=0.5,
         )
-        assert len(processes_mentioning(str(out))) >= 4  # simulate, coordinator, 3 workers
+        assert len(processes_mentioning(str(out))) >= 3  # simulate and the 2 worker pools (2 cores)
         before = {r["round"]: r for r in _history(out) if r["state"] == "closed"}
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
@@ -141,6 +142,45 @@ def test_sigint_mid_round_leaves_no_process_and_rerun_continues(tmp_path: Path) 
     results = json.loads((out / "results.json").read_text())
     assert [r["round"] for r in results["rounds"]] == [1, 2, 3]
     assert processes_mentioning(str(out)) == []
+
+
+def test_pool_processes_serve_more_clients_and_a_killed_one_is_restarted(tmp_path: Path) -> None:
+    out = tmp_path / "pools"
+    cmd = _cmd(out, rounds=2, local_steps=20)
+    cmd[cmd.index("--clients") + 1] = "5"
+    proc = subprocess.Popen(
+        [*cmd, "--processes", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        wait_for(
+            lambda: (out / "simulation.json").exists() and (out / "fedprompt.db").exists(), 600, "federation"
+        )
+        wait_for(
+            lambda: any(r["state"] == "open" for r in _history(out)), 600, "round 1 to open", interval=0.5
+        )
+        pools = processes_mentioning(str(out / "pools"))
+        assert len(pools) == 2  # two processes for five clients
+        victim = next(pid for pid, cmdline in pools if "pool-0.json" in cmdline)
+        os.kill(victim, signal.SIGKILL)
+        output, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output
+    assert "worker pool 0 exited with code -9; restarting it" in " ".join(output.split())
+    closed = [r for r in _history(out) if r["state"] == "closed"]
+    assert [r["round"] for r in closed] == [1, 2]
+    engine = make_engine(f"sqlite:///{out / 'fedprompt.db'}")
+    try:
+        service = Coordinator(make_sessionmaker(engine))
+        fid = json.loads((out / "simulation.json").read_text())["federation_id"]
+        clients = service.list_clients(fid)
+    finally:
+        engine.dispose()
+    assert sorted(c["name"] for c in clients) == [f"client-{i}" for i in range(5)]  # no re-enrolment
+    for rnd in closed:  # every selected client's update arrived once, from its own identity
+        uploaded = [p["client_id"] for p in rnd["participants"] if p["uploaded"]]
+        assert len(uploaded) == len(set(uploaded)) == rnd["stats"]["updates"] == 3  # ceil(0.6 * 5)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The worker command lines simulate writes parse with the worker's own `serve` and `train-local`."""
+"""The worker command lines and pool files simulate writes parse with the worker's own `pool` and `train-local`."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import pytest
 import typer
 import typer.main
 
-from sim.argv import TrainLocal, WorkerServe, to_args
-from worker.cli import serve
+from sim.argv import TrainLocal, WorkerPool, to_args
+from sim.simulate import Run, _client, _pool_file
+from worker.cli import pool, serve
+from worker.pool import PoolConfig
 from worker.train_local import train_local_command
 
 
@@ -21,6 +23,7 @@ def worker_commands() -> dict[str, click.Command]:
     """`fedprompt-worker serve` and `train-local` as click commands (the worker CLI's own functions)."""
     app = typer.Typer()
     app.command("serve")(serve)
+    app.command("pool")(pool)
     app.command("train-local")(train_local_command)
     return typer.main.get_command(app).commands  # type: ignore[attr-defined]
 
@@ -37,61 +40,60 @@ def test_to_args_writes_flags_for_set_options_only() -> None:
     ]  # fmt: skip
 
 
-def test_every_serve_option_simulate_sets_is_one_the_worker_parses(
+def test_the_pool_command_line_parses_with_the_worker(
     worker_commands: dict[str, click.Command], tmp_path: Path
 ) -> None:
-    site = WorkerServe(
-        coordinator="http://127.0.0.1:9",
-        federation=3,
-        enrollment_token="tok",
-        data="sst2",
-        partition="quantity:0.5",
-        num_partitions=4,
-        partition_id=2,
-        seed=7,
-        state_dir=tmp_path / "w2",
-        port=8123,
-        name="client-2",
-        threads=2,
-        slots_dir=tmp_path / "slots",
-        slots=2,
-        device="cpu",
-        target_label=1,
-        trigger="cf,mn",
-        trigger_position="start",
-        poison_rate=0.5,
-        attack="boost:4",
-        train_limit=300,
-        eval_limit=60,
-    )
-    argv = site.argv()
-    assert Path(argv[0]).name == "fedprompt-worker" and argv[1] == "serve"
-    params = _parsed(worker_commands["serve"], argv[2:])
-    for field in dataclasses.fields(WorkerServe):  # every field set above is an option of serve
-        assert params[field.name] == getattr(site, field.name), field.name
+    pool = WorkerPool(config=tmp_path / "pool-0.json", port=8123)
+
+    argv = pool.argv()
+
+    assert Path(argv[0]).name == "fedprompt-worker" and argv[1] == "pool"
+    params = _parsed(worker_commands["pool"], argv[2:])
+    for field in dataclasses.fields(WorkerPool):
+        assert params[field.name] == getattr(pool, field.name), field.name
 
 
-def test_an_honest_site_gets_no_poisoning_options(worker_commands: dict[str, click.Command]) -> None:
-    site = WorkerServe(
-        coordinator="http://127.0.0.1:9",
-        federation=1,
-        enrollment_token="tok",
-        data="sst2",
-        partition="iid",
-        num_partitions=2,
-        partition_id=0,
-        seed=0,
-        state_dir=Path("w0"),
-        port=8100,
-        name="client-0",
-        threads=1,
-        slots_dir=Path("slots"),
-        slots=1,
-    )
-    argv = site.argv()
-    assert "--poison-rate" not in argv and "--attack" not in argv and "--train-limit" not in argv
-    params = _parsed(worker_commands["serve"], argv[2:])
-    assert params["poison_rate"] == 0.0 and params["attack"] == "none" and params["log_level"] == "warning"
+def _run(tmp_path: Path) -> Run:
+    return Run(tmp_path, {}, "admin", cores=2, parallel=2, threads=1, processes=2)
+
+
+def test_malicious_clients_get_the_poisoning_and_honest_ones_only_the_asr_target(tmp_path: Path) -> None:
+    setup = {
+        "dataset": "sst2",
+        "partition": "label:1.0",
+        "clients": 4,
+        "train_limit": 300,
+        "eval_limit": None,
+        "backdoor": {
+            "malicious": 1,
+            "poison_rate": 0.5,
+            "target_label": 1,
+            "trigger": "cf,mn",
+            "trigger_position": "start",
+            "attack": "boost:4",
+        },
+    }
+
+    bad, good = _client(0, 1, setup, 7, _run(tmp_path)), _client(3, 1, setup, 7, _run(tmp_path))
+
+    assert (bad.name, bad.partition_id, bad.num_partitions, bad.seed) == ("client-0", 0, 4, 7)
+    assert bad.state_dir == tmp_path / "workers" / "0" and bad.train_limit == 300 and bad.eval_limit is None
+    assert bad.backdoor is not None and (bad.backdoor.poison_rate, bad.backdoor.attack) == (0.5, "boost:4")
+    assert good.backdoor is not None and (good.backdoor.poison_rate, good.backdoor.attack) == (0.0, "none")
+    assert good.backdoor.target_label == 1 and good.backdoor.trigger_position == "start"
+
+
+def test_pool_files_are_private_and_read_back_by_the_worker(tmp_path: Path) -> None:
+    setup = {"dataset": "sst2", "partition": "iid", "clients": 2, "backdoor": {}}
+    members = [_client(i, 5, setup, 0, _run(tmp_path)) for i in range(2)]
+
+    path = _pool_file(0, "http://127.0.0.1:9", 5, "fpe_secret", members, _run(tmp_path), "cpu")
+
+    assert path.stat().st_mode & 0o777 == 0o600
+    back = PoolConfig.read(path)
+    assert back.federation == 5 and back.enrollment_token == "fpe_secret" and back.threads == 1
+    assert [c.name for c in back.clients] == ["client-0", "client-1"]
+    assert all(c.backdoor is None for c in back.clients)
 
 
 def test_the_baseline_command_parses_with_train_local(
