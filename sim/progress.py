@@ -36,6 +36,7 @@ def follow(
         bar = progress.add_task("waiting for clients", total=clients)
         while True:
             procs.check()
+            procs.rss_bytes()  # sampled every poll: results.json reports the peak
             status = admin.federation(fid)
             history = admin.rounds(fid)
             open_round = status.get("open_round")

@@ -254,6 +254,7 @@ def _federate(
         opts.save_prompt.write_bytes(admin.prompt(fid, "latest").blob)
     extra = run_facts(spec, setup, parallel=run.parallel, cores=run.cores, device=opts.device)
     extra["processes"] = run.processes
+    extra["peak_rss_bytes"] = procs.peak_rss  # this process and every worker and coordinator, summed
     procs.stop()
     if opts.baseline:
         extra["baseline"] = run_baseline(

@@ -7,6 +7,7 @@ them on success, failure, Ctrl-C or SIGTERM.
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import subprocess
 import sys
@@ -44,6 +45,7 @@ class Processes:
     # name → (args, log path, env, restarts left) of children that are restarted when they die
     restartable: dict[str, tuple[list[str], Path, dict[str, str], int]] = field(default_factory=dict)
     on_restart: Callable[[str, int], None] | None = None
+    peak_rss: int | None = None  # the largest rss_bytes() seen
 
     def start(
         self, name: str, args: list[str], log_path: Path, env: dict[str, str], *, restarts: int = 0
@@ -80,6 +82,23 @@ class Processes:
                 self.on_restart(name, proc.returncode)
             self.restartable[name] = (args, log_path, env, left - 1)
             self.procs[index] = (name, self._spawn(args, log_path, env))
+
+    def rss_bytes(self) -> int | None:
+        """Resident memory of this process and every live child, summed (Linux /proc; None elsewhere)."""
+        pids = [os.getpid()] + [proc.pid for _, proc in self.procs if proc.poll() is None]
+        total = 0
+        for pid in pids:
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                if pid == os.getpid():
+                    return None  # no /proc here
+                continue  # exited meanwhile
+            for line in status.splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        self.peak_rss = max(self.peak_rss or 0, total)
+        return total
 
     def stop(self) -> None:
         """SIGTERM everyone, wait, SIGKILL stragglers."""
