@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from coordinator.errors import ServiceError
 
@@ -126,6 +127,18 @@ def install(app: FastAPI) -> None:
             request,
             {"Retry-After": str(DB_RETRY_AFTER_S)},
             retry_after=DB_RETRY_AFTER_S,
+        )
+
+    @app.exception_handler(ClientDisconnect)
+    async def _disconnected(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        # the client went away in the middle of its body: nobody reads this answer, but the request
+        # ends as a 4xx like any refused input, not as an error trace
+        return problem(
+            400,
+            "Bad request",
+            "the client disconnected before its request body arrived",
+            request,
+            {"Connection": "close"},
         )
 
     @app.exception_handler(RequestValidationError)
