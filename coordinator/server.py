@@ -8,7 +8,12 @@ their size: a connection that opens and trickles a header a byte a minute is hel
 ``guarded_protocol`` adds both to the httptools protocol: the head must be complete within
 FEDPROMPT_HEADER_TIMEOUT_S of the request's first byte (of the connection's opening, for its first
 request), else the connection is answered 408 and closed; a head over FEDPROMPT_MAX_HEADER_BYTES is
-answered 431 and closed. The body's own deadline is the ASGI middleware's (api/body_limit.py).
+answered 431 and closed. The body's own deadline is the ASGI middleware's (api/body_limit.py) while
+a route reads it. A request answered before its body arrived (a 429, a 401 to an upload) is another
+gap: uvicorn stops its keep-alive clock whenever bytes arrive and never restarts it, so a client that
+sends all but the last byte of such a body held the connection forever. Here what is left of it
+must arrive within FEDPROMPT_BODY_TIMEOUT_S of the answer, else the connection is closed, and the
+keep-alive clock starts again once it has.
 """
 
 from __future__ import annotations
@@ -28,18 +33,23 @@ def _response(status: int, reason: str) -> bytes:
     return f"HTTP/1.1 {status} {reason}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".encode("ascii")
 
 
-def guarded_protocol(header_timeout_s: float, max_header_bytes: int) -> type[asyncio.Protocol] | None:
-    """uvicorn's httptools protocol with a deadline for a request's head and a cap on its size."""
+def guarded_protocol(
+    header_timeout_s: float, max_header_bytes: int, body_timeout_s: float = 60.0
+) -> type[asyncio.Protocol] | None:
+    """uvicorn's httptools protocol with deadlines for a request's head and for the rest of a body
+    answered early, and a cap on the head's size."""
     if HttpToolsProtocol is None:  # pragma: no cover
         return None
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):  # type: ignore[misc,valid-type]
         header_timeout = header_timeout_s
+        body_timeout = body_timeout_s
         max_head = max_header_bytes
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._head_timer: asyncio.TimerHandle | None = None
+            self._rest_timer: asyncio.TimerHandle | None = None
             self._head_bytes = 0
             self._refused = False
 
@@ -65,12 +75,31 @@ def guarded_protocol(header_timeout_s: float, max_header_bytes: int) -> type[asy
                 self.transport.write(_response(status, reason))
                 self.transport.close()
 
+        # -- the rest of a body answered before it arrived ----------------------------------------
+
+        def _cancel_rest(self) -> None:
+            if self._rest_timer is not None:
+                self._rest_timer.cancel()
+                self._rest_timer = None
+
+        def _rest_too_slow(self) -> None:
+            self._rest_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()  # answered already: nothing more to say
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self.cycle is not None and self.cycle.more_body and not self.transport.is_closing():
+                self._cancel_rest()
+                self._rest_timer = self.loop.call_later(self.body_timeout, self._rest_too_slow)
+
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            self._cancel_rest()
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
@@ -112,15 +141,27 @@ def guarded_protocol(header_timeout_s: float, max_header_bytes: int) -> type[asy
                 super().on_body(body)
 
         def on_message_complete(self) -> None:
-            if not self._refused:
-                super().on_message_complete()
+            if self._refused:
+                return
+            answered = self.cycle is not None and self.cycle.response_complete
+            super().on_message_complete()
+            if answered:  # the rest of an answered body is in: the connection is idle again
+                self._cancel_rest()
+                if (
+                    self.timeout_keep_alive_task is None
+                    and not self.pipeline
+                    and not self.transport.is_closing()
+                ):
+                    self.timeout_keep_alive_task = self.loop.call_later(
+                        self.timeout_keep_alive, self.timeout_keep_alive_handler
+                    )
 
     return GuardedHttpToolsProtocol
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
     """The uvicorn.run options that enforce the settings' connection limits and proxy trust."""
-    protocol = guarded_protocol(settings.header_timeout_s, settings.max_header_bytes)
+    protocol = guarded_protocol(settings.header_timeout_s, settings.max_header_bytes, settings.body_timeout_s)
     trusted = settings.trusted_proxies
     return {
         "http": protocol or "h11",

@@ -1,0 +1,169 @@
+"""Slow and stalled connections are cut off, and what they held is given back.
+
+One real `serve` process, one client. 20 uploads from it each stop one byte short of a 15 MiB body
+(before the per-client caps, 40 of these held 600 MB with no end), 10 connections trickle a request
+head a byte at a time, 50 open and send nothing. The caps admit two of the uploads and refuse the
+rest (429) before their bodies are read; the body deadline answers the two 408 and closes them; the
+head deadline closes the trickling and the idle ones. Throughout, /healthz answers within 1 s; the
+coordinator's memory stays within two bodies of its baseline while they are held, and within
+MEMORY_AFTER of it once they are cut off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from tests.security.conftest import populate, serve
+
+MiB = 1024 * 1024
+BODY = 15 * MiB
+UPLOADS, TRICKLES, IDLE = 20, 10, 50
+HEAD_TIMEOUT_S, BODY_TIMEOUT_S, KEEP_ALIVE_S = 2, 3, 4
+# Two admitted uploads of 15 MiB are held at most (FEDPROMPT_MAX_UPLOADS_PER_CLIENT=2), plus the
+# buffers they arrive in; after they are cut off, the allocator may keep some of it.
+MEMORY_PEAK = 2 * BODY + 16 * MiB
+MEMORY_AFTER = 16 * MiB
+ENV = {
+    "FEDPROMPT_HEADER_TIMEOUT_S": str(HEAD_TIMEOUT_S),
+    "FEDPROMPT_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
+    "FEDPROMPT_KEEP_ALIVE_S": str(KEEP_ALIVE_S),
+    "FEDPROMPT_RATE_LIMITS": "false",
+}
+
+
+class Watch(threading.Thread):
+    """Polls /healthz and the coordinator's RSS every 100 ms; keeps the worst of each."""
+
+    def __init__(self, url: str, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.url, self.proc = url, psutil.Process(pid)
+        self.stop = threading.Event()
+        self.worst_healthz = 0.0
+        self.peak_rss = 0
+        self.failures: list[str] = []
+
+    def run(self) -> None:
+        with httpx.Client(timeout=5) as client:
+            while not self.stop.is_set():
+                start = time.monotonic()
+                try:
+                    ok = client.get(f"{self.url}/healthz").status_code == 200
+                except httpx.HTTPError as exc:
+                    ok = False
+                    self.failures.append(repr(exc))
+                if not ok:
+                    self.failures.append("not 200")
+                self.worst_healthz = max(self.worst_healthz, time.monotonic() - start)
+                self.peak_rss = max(self.peak_rss, self.proc.memory_info().rss)
+                time.sleep(0.1)
+
+
+def _answer(sock: socket.socket) -> tuple[int | None, bool]:
+    """(status of the answer, whether the server then closed the connection) within 15 s."""
+    sock.settimeout(15)
+    data = b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                closed = True
+                break
+            data += chunk
+    except TimeoutError:
+        closed = False
+    except OSError:  # reset: closed by the server
+        closed = True
+    status = int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/1.1 ") else None
+    return status, closed
+
+
+def _stalled_upload(port: int, path: str, token: str, results: list[tuple[int | None, bool, float]]) -> None:
+    start = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        head = f"PUT {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Length: {BODY}\r\n\r\n"
+        with contextlib.suppress(OSError):  # refused early: the server may stop reading
+            sock.sendall(head.encode() + b"\0" * (BODY - 1))  # one byte short, then silence
+        status, closed = _answer(sock)
+    results.append((status, closed, time.monotonic() - start))
+
+
+def _trickle(port: int, results: list[tuple[int | None, bool, float]]) -> None:
+    start = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(0.5)
+        try:
+            for byte in b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100:
+                sock.sendall(bytes([byte]))
+                time.sleep(0.4)
+        except OSError:
+            pass
+        status, closed = _answer(sock)
+    results.append((status, closed, time.monotonic() - start))
+
+
+def _idle(port: int, results: list[tuple[int | None, bool, float]]) -> None:
+    start = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        status, closed = _answer(sock)
+    results.append((status, closed, time.monotonic() - start))
+
+
+def test_stalled_uploads_and_slow_connections_are_cut_off_and_memory_returns(tmp_path: Path) -> None:
+    with serve(f"sqlite:///{tmp_path / 'x.db'}", tmp_path, ENV) as server:
+        fid, _, clients = populate(server.url)
+        token = clients[0]["token"]
+        path = f"/api/v1/federations/{fid}/rounds/1/update"
+        proc = psutil.Process(server.proc.pid)
+        for _ in range(20):  # warm up: code paths, pools
+            httpx.get(
+                f"{server.url}/api/v1/federations/{fid}/spec", headers={"Authorization": f"Bearer {token}"}
+            )
+        baseline = proc.memory_info().rss
+        watch = Watch(server.url, server.proc.pid)
+        watch.start()
+
+        uploads: list[tuple[int | None, bool, float]] = []
+        trickles: list[tuple[int | None, bool, float]] = []
+        idle: list[tuple[int | None, bool, float]] = []
+        threads = [
+            *(
+                threading.Thread(target=_stalled_upload, args=(server.port, path, token, uploads))
+                for _ in range(UPLOADS)
+            ),
+            *(threading.Thread(target=_trickle, args=(server.port, trickles)) for _ in range(TRICKLES)),
+            *(threading.Thread(target=_idle, args=(server.port, idle)) for _ in range(IDLE)),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        time.sleep(1.0)
+        after = proc.memory_info().rss
+        watch.stop.set()
+        watch.join(5)
+        log = server.log.read_text()
+
+    statuses = sorted(s for s, _, _ in uploads)
+    print(
+        f"\nbaseline {baseline / MiB:.0f} MiB, peak +{(watch.peak_rss - baseline) / MiB:.0f} MiB, "
+        f"after +{(after - baseline) / MiB:.0f} MiB; worst /healthz {watch.worst_healthz * 1000:.0f} ms; "
+        f"uploads {statuses}, slowest cut-off {max(t for _, _, t in uploads + trickles + idle):.1f} s"
+    )
+    assert len(uploads) == UPLOADS and len(trickles) == TRICKLES and len(idle) == IDLE
+    # two admitted and cut off by the body deadline; the rest refused by the per-client cap
+    assert statuses == [408] * 2 + [429] * (UPLOADS - 2)
+    assert all(closed for _, closed, _ in uploads + trickles + idle), (uploads, trickles, idle)
+    assert all(s == 408 and t < HEAD_TIMEOUT_S + 2 for s, _, t in idle), idle
+    assert all(s in (408, None) and t < HEAD_TIMEOUT_S + 3 for s, _, t in trickles), trickles
+    assert max(t for _, _, t in uploads) < BODY_TIMEOUT_S + KEEP_ALIVE_S + 5
+    assert not watch.failures and watch.worst_healthz < 1.0
+    assert watch.peak_rss - baseline < MEMORY_PEAK
+    assert after - baseline < MEMORY_AFTER
+    assert '"level": "error"' not in log
