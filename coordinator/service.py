@@ -56,7 +56,7 @@ from coordinator.logic.aggregation import (
 from coordinator.logic.ledger import ledger
 from coordinator.logic.selection import select_clients
 from coordinator.writelock import WriteLock
-from shared import export, jsonlimits, wire
+from shared import evalstats, export, jsonlimits, wire
 from shared.privacy import gaussian_noise_multiplier, spent_epsilon
 from shared.spec import FederationSpec, PrivacySpec, ServerOptimizerSpec, initial_prompt
 
@@ -1407,7 +1407,8 @@ def _privacy_record(
 
 
 def summarize_evaluations(version: int, rows: list[Evaluation] | Any) -> dict[str, Any] | None:
-    """Sample-weighted accuracy and loss over the clients that evaluated a version."""
+    """Sample-weighted accuracy and loss over the clients that evaluated a version; their confusion
+    matrices summed (per-class accuracy and macro-F1) when every report carries one."""
     rows = list(rows)
     if not rows:
         return None
@@ -1428,7 +1429,17 @@ def summarize_evaluations(version: int, rows: list[Evaluation] | Any) -> dict[st
         "accuracy": acc,
         "loss": loss,
     }
-    extra_keys = sorted({k for r in rows for k, v in (r.metrics or {}).items() if isinstance(v, int | float)})
+    out |= evalstats.class_summary(
+        evalstats.sum_confusions(evalstats.read_confusion(r.metrics) for r in rows)
+    )
+    extra_keys = sorted(
+        {
+            k
+            for r in rows
+            for k, v in (r.metrics or {}).items()
+            if isinstance(v, int | float) and not evalstats.is_class_count(k)
+        }
+    )
     for key in extra_keys:
         if key.endswith("_samples"):  # the sample count behind another metric: summed, not averaged
             out[key] = sum(int(r.metrics[key]) for r in rows if isinstance(r.metrics.get(key), int | float))

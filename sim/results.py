@@ -22,6 +22,7 @@ CSV_FIELDS = [
     "round",
     "participants",
     "accuracy",
+    "macro_f1",
     "loss",
     "eval_loss",
     "bytes_up",
@@ -66,6 +67,9 @@ def round_records(rounds: list[dict[str, Any]], spec: dict[str, Any] | None = No
                 "attempt": r["attempt"],
                 "participants": stats.get("participants", len(r["participants"])),
                 "accuracy": ev.get("accuracy"),
+                "macro_f1": ev.get("macro_f1"),
+                "per_class_accuracy": ev.get("per_class_accuracy"),
+                "confusion": ev.get("confusion"),
                 "eval_loss": ev.get("loss"),
                 "eval_clients": ev.get("clients", 0),
                 "eval_samples": ev.get("num_samples", 0),
@@ -98,6 +102,7 @@ def run_facts(
     return {
         "federation_id": setup["federation_id"],
         "dataset": Path(setup["dataset"]).name,
+        "labels": _labels(setup["dataset"]),
         "clients": int(setup["clients"]),
         "partition": setup["partition"],
         "train_limit": setup.get("train_limit"),
@@ -117,6 +122,21 @@ def run_facts(
         if "MiniLM" in spec["model"]
         else "masked-LM head",
     }
+
+
+def _labels(folder: str) -> list[str] | None:
+    """The label names of the packed data set a run used (its meta.json), index = label id."""
+    try:
+        return list(json.loads((Path(folder) / "meta.json").read_text(encoding="utf-8"))["labels"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def per_class_columns(labels: list[str] | None, records: list[dict[str, Any]]) -> dict[str, int]:
+    """rounds.csv's per-class accuracy columns (accuracy_<label name>) and the label id of each."""
+    k = max((len(r.get("per_class_accuracy") or []) for r in records), default=0)
+    names = labels if labels is not None and len(labels) == k else [str(i) for i in range(k)]
+    return {f"accuracy_{name}": i for i, name in enumerate(names)}
 
 
 def _torch_version() -> str:
@@ -150,10 +170,14 @@ def write_results(
         **extra,
     }
     (out / "results.json").write_text(json.dumps(results, indent=2))
+    per_class = per_class_columns(results.get("labels"), records)
     with open(out / "rounds.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS + list(per_class), extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(records)
+        for record in records:
+            accuracies = record.get("per_class_accuracy") or []
+            columns = {c: accuracies[i] if i < len(accuracies) else None for c, i in per_class.items()}
+            writer.writerow(record | columns)
     plot_accuracy(out / "accuracy.png", results)
     if results["initial_asr"] is not None or any(r.get("asr") is not None for r in records):
         plot_asr(out / "asr.png", results)

@@ -18,6 +18,8 @@ COLUMNS = [
     ("round", 5),
     ("clients", 7),
     ("accuracy %", 10),
+    ("macro-F1 %", 10),
+    ("per class %", 13),
     ("train loss", 10),
     ("up", 10),
     ("down", 10),
@@ -46,6 +48,8 @@ def row_table(record: dict[str, Any], header: bool) -> Table:
         str(record["round"]),
         str(record["participants"]),
         fmt(record["accuracy"], pct=True),
+        fmt(record.get("macro_f1"), pct=True),
+        per_class_text(record.get("per_class_accuracy")),
         fmt(record["loss"]),
         f"{record['bytes_up'] / 1024:.1f} KiB",
         f"{record['bytes_down'] / 1024:.1f} KiB",
@@ -56,6 +60,11 @@ def row_table(record: dict[str, Any], header: bool) -> Table:
         params_text(record),
     )
     return table
+
+
+def per_class_text(values: list[float | None] | None) -> str:
+    """Per-class accuracy in label id order, e.g. '91.2/40.0' ('-' when the evaluations carry none)."""
+    return "/".join(fmt(v, pct=True) for v in values) if values else "-"
 
 
 def params_text(record: dict[str, Any]) -> str:
@@ -73,6 +82,14 @@ def print_summary(results: dict[str, Any], out: Path) -> None:
         f"{fmt(results['final_accuracy'], pct=True)} % (initial {fmt(results['initial_accuracy'], pct=True)} %), "
         f"{results['total_bytes_up'] / 1024:.0f} KiB up, {results['total_bytes_down'] / 1024:.0f} KiB down"
     )
+    last = (results.get("rounds") or [{}])[-1]
+    if last.get("per_class_accuracy"):
+        labels = results.get("labels") or [str(i) for i in range(len(last["per_class_accuracy"]))]
+        per_class = ", ".join(
+            f"{name} {fmt(v, pct=True)} %"
+            for name, v in zip(labels, last["per_class_accuracy"], strict=False)
+        )
+        console.print(f"final macro-F1 {fmt(last.get('macro_f1'), pct=True)} %; per class: {per_class}")
     if results.get("baseline"):
         console.print(f"centralised baseline: {fmt(results['baseline']['accuracy'], pct=True)} %")
     if results.get("final_asr") is not None:

@@ -25,6 +25,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, stop_never, w
 
 from shared import wire
 from shared.client import ApiError, CoordinatorClient
+from shared.evalstats import confusion_metrics
 from shared.privacy import gaussian_ldp, gaussian_noise_multiplier, laplace_ldp
 from shared.spec import FederationSpec
 from worker.data import Example
@@ -299,9 +300,13 @@ class Agent:
                 else None
             )
         report: dict[str, Any] = {"num_samples": result.n, "accuracy": result.accuracy, "loss": result.loss}
+        # per-class counts: the coordinator sums the clients' confusion matrices (per-class accuracy, macro-F1)
+        metrics: dict[str, float] = dict(confusion_metrics(getattr(result, "confusion", None) or []))
         if asr is not None:
             # the coordinator weights ASR by its own sample count (non-target examples only)
-            report["metrics"] = {"asr": asr.accuracy, "asr_samples": asr.n}
+            metrics |= {"asr": asr.accuracy, "asr_samples": asr.n}
+        if metrics:
+            report["metrics"] = metrics
         self.status.last_eval = {"version": version, **report}
         if self.metrics is not None:
             self.metrics.eval_accuracy.set(result.accuracy)

@@ -65,6 +65,8 @@ def timeline(rounds: list[dict[str, Any]], quorum: int, now: float) -> list[dict
                 "bytes_up": (r.get("stats") or {}).get("bytes_up"),
                 "bytes_down": (r.get("stats") or {}).get("bytes_down"),
                 "accuracy": ev.get("accuracy"),
+                "macro_f1": ev.get("macro_f1"),
+                "per_class_accuracy": ev.get("per_class_accuracy") or [],
                 "notes": (r.get("stats") or {}).get("notes") or {},
             }
         )
