@@ -4,6 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
+# Packed data sets by name: the development machines keep them beside the repository (../shared/datasets);
+# elsewhere set FEDPROMPT_DATASETS, or `fedprompt data fetch NAME` writes them to the user's data folder.
+FEDPROMPT_DATASETS ?= $(wildcard $(abspath $(CURDIR)/../shared/datasets))
+ifneq ($(strip $(FEDPROMPT_DATASETS)),)
+export FEDPROMPT_DATASETS
+endif
+
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false

@@ -6,13 +6,15 @@ ValueErrors) whose message names the option; the command prints it as one line.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from shared.methods import METHODS
 from shared.spec import FederationSpec
+from sim.data_options import Dataset, resolve_data
+
+__all__ = ["Dataset", "SimulateOptions", "federation_spec", "validate"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +37,11 @@ class SimulateOptions:
     eval_limit: int | None
     template: str | None
     verbalizer: str | None
+    test_data: str | None
+    text_column: str
+    text_b_column: str | None
+    label_column: str
+    labels: str | None
     database_url: str | None
     out: Path
     parallel: int | None
@@ -61,24 +68,6 @@ class SimulateOptions:
     encoder_type: str
     encoder_hidden_size: int | None
     prefix_projection: bool
-
-
-@dataclass(frozen=True)
-class Dataset:
-    """The data set a simulation runs on: its folder, name and task (single sentences or pairs)."""
-
-    folder: Path
-    name: str
-    task: str
-
-
-def resolve_dataset_arg(dataset: str) -> Dataset:
-    """The data set of a name or folder."""
-    from worker.data import resolve_dataset
-
-    folder = resolve_dataset(dataset)
-    meta = json.loads((folder / "meta.json").read_text())
-    return Dataset(folder, folder.name, meta.get("task", "single"))
 
 
 def parse_aggregation(text: str) -> dict[str, Any]:
@@ -162,19 +151,12 @@ def check_attack_options(opts: SimulateOptions) -> None:
 
 
 def check_data_options(opts: SimulateOptions) -> None:
-    """Refuse a bad partition, fraction or verbalizer."""
+    """Refuse a bad partition or fraction (the verbalizer is checked with the data: sim/data_options.py)."""
     from worker.data import parse_partition
 
     parse_partition(opts.partition)
     if not 0 < opts.fraction <= 1:
         raise ValueError(f"--fraction must be in (0, 1]; got {opts.fraction}")
-    if opts.verbalizer is not None:
-        try:
-            value = json.loads(opts.verbalizer)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f'--verbalizer is not JSON ({exc.msg}); e.g. [["bad"], ["good"]]') from None
-        if not isinstance(value, list) or not all(isinstance(w, list) and w for w in value):
-            raise ValueError('--verbalizer must be a JSON list of lists of words, e.g. [["bad"], ["good"]]')
 
 
 def check_method_options(opts: SimulateOptions) -> None:
@@ -190,8 +172,8 @@ def check_method_options(opts: SimulateOptions) -> None:
 
 def validate(opts: SimulateOptions) -> Dataset:
     """Every check above, in the order a user meets them; the data set the options name."""
-    dataset = resolve_dataset_arg(opts.dataset)
     check_data_options(opts)
+    dataset = resolve_data(opts, opts.out.resolve())
     check_attack_options(opts)
     check_method_options(opts)
     return dataset
@@ -212,8 +194,8 @@ def build_spec(
     max_length: int,
     seed: int,
     round_deadline: float,
-    template: str | None,
-    verbalizer: list[list[str]] | None,
+    template: str,
+    verbalizer: list[list[str]],
     hidden_size: int,
     fingerprint: str | None,
     aggregation: dict[str, Any] | None = None,
@@ -221,18 +203,16 @@ def build_spec(
     method: dict[str, Any] | None = None,
     server_optimizer: dict[str, Any] | None = None,
 ) -> FederationSpec:
-    """The federation spec for a simulation (`method`: method, encoder and model-shape fields)."""
-    from worker.data import preset_for
-
-    preset = preset_for(dataset_name, task)
+    """The federation spec for a simulation (`method`: method, encoder and model-shape fields); the
+    template and label words are the data's (sim/data_options.py chose them)."""
     return FederationSpec(
         name=f"simulate-{dataset_name}",
         model=model,
         model_fingerprint=fingerprint,
         num_virtual_tokens=num_virtual_tokens,
         hidden_size=hidden_size,
-        template=template or preset.template,
-        verbalizer=verbalizer or preset.verbalizer,
+        template=template,
+        verbalizer=verbalizer,
         max_length=max_length,
         rounds=rounds,
         fraction=fraction,
@@ -288,12 +268,9 @@ def model_facts(
 def federation_spec(opts: SimulateOptions, dataset: Dataset) -> tuple[FederationSpec, bytes | None]:
     """The spec of a new federation from the options and the local model, and its starting prompt
     (--init-prompt, else the model's vocabulary initialisation)."""
-    from worker.data import preset_for
-
-    preset = preset_for(dataset.name, dataset.task)
     kwargs = {
-        "template": opts.template or preset.template,
-        "verbalizer": (json.loads(opts.verbalizer) if opts.verbalizer else None) or preset.verbalizer,
+        "template": dataset.template,
+        "verbalizer": [list(words) for words in dataset.verbalizer or ()],
         "num_virtual_tokens": opts.num_virtual_tokens,
         "max_length": opts.max_length,
     }

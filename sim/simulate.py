@@ -23,25 +23,35 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from shared.client import CoordinatorClient
 from shared.local import free_port, wait_ready
 from shared.spec import DEFAULT_MODEL, FederationSpec
 from sim.argv import WorkerPool
 from sim.baseline import run_baseline
+from sim.data_options import print_data
 from sim.enrol import enrol_in_order
 from sim.options import Dataset, SimulateOptions, federation_spec, validate
 from sim.progress import follow
 from sim.results import run_facts, write_results
 from sim.supervisor import Processes, SimulationError, bin_path
 from sim.tables import console, print_summary
+from worker.data.help import (
+    DATA_HELP,
+    LABEL_COLUMN_HELP,
+    LABELS_HELP,
+    TEMPLATE_HELP,
+    TEST_DATA_HELP,
+    TEXT_B_COLUMN_HELP,
+    TEXT_COLUMN_HELP,
+    VERBALIZER_HELP,
+)
 from worker.pool import BackdoorEntry, ClientEntry, PoolConfig
 
 
 def simulate_command(
-    dataset: Annotated[
-        str, typer.Option(help="Data set name (shared/datasets or $FEDPROMPT_DATASETS) or folder.")
-    ] = "sst2",
+    dataset: Annotated[str, typer.Option("--dataset", "--data", help=DATA_HELP)] = "sst2",
     model: Annotated[str, typer.Option(help="Frozen PLM: hub id or local path.")] = DEFAULT_MODEL,
     clients: Annotated[
         int,
@@ -60,10 +70,13 @@ def simulate_command(
     seed: Annotated[int, typer.Option()] = 0,
     train_limit: Annotated[int | None, typer.Option(help="Use a seeded subset of the train split.")] = None,
     eval_limit: Annotated[int | None, typer.Option(help="Use a seeded subset of the test split.")] = None,
-    template: Annotated[str | None, typer.Option(help="Override the data set's template.")] = None,
-    verbalizer: Annotated[
-        str | None, typer.Option(help='Override label words, JSON e.g. [["bad"],["good"]].')
-    ] = None,
+    template: Annotated[str | None, typer.Option(help=TEMPLATE_HELP)] = None,
+    verbalizer: Annotated[str | None, typer.Option(help=VERBALIZER_HELP)] = None,
+    test_data: Annotated[str | None, typer.Option(help=TEST_DATA_HELP)] = None,
+    text_column: Annotated[str, typer.Option(help=TEXT_COLUMN_HELP)] = "text",
+    text_b_column: Annotated[str | None, typer.Option(help=TEXT_B_COLUMN_HELP)] = None,
+    label_column: Annotated[str, typer.Option(help=LABEL_COLUMN_HELP)] = "label",
+    labels: Annotated[str | None, typer.Option(help=LABELS_HELP)] = None,
     database_url: Annotated[str | None, typer.Option(help="Default: a SQLite file in --out.")] = None,
     out: Annotated[
         Path, typer.Option(help="Results folder; reuse it to continue an interrupted run.")
@@ -199,8 +212,9 @@ def simulate(opts: SimulateOptions) -> None:
     try:
         dataset = validate(opts)
     except Exception as exc:  # DataError, PartitionError, bad options: one readable line
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
+    print_data(console, dataset, opts)
     run = Run.prepare(opts, out)
     procs = Processes(
         on_restart=lambda name, code: console.print(

@@ -5,10 +5,16 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The packed data sets the tests name live beside the repository on the development and CI machines
+# (the product itself looks in $FEDPROMPT_DATASETS and the user's data folder only).
+_SHARED_DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+if _SHARED_DATASETS.is_dir():
+    os.environ.setdefault("FEDPROMPT_DATASETS", str(_SHARED_DATASETS))
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-from worker.data import DataError, Example, TextDataset, iid, load_dataset, load_table, partition
-
-TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".jsonl.gz", ".json")
+from worker.data import DataError, DataSource, Example, TextDataset, iid, load_source, partition
 
 
 @dataclass(frozen=True)
@@ -15,6 +12,7 @@ class ShardSpec:
     """How to cut one worker's data out of a data set."""
 
     data: str
+    test_data: str | None = None
     partition: str = "iid"
     num_partitions: int = 1
     partition_id: int = 0
@@ -43,21 +41,17 @@ def _hold_out(examples: list[Example], fraction: float, seed: int) -> tuple[list
 
 def _source(spec: ShardSpec) -> tuple[TextDataset, TextDataset | None]:
     """(the full train split, the test split or None when evaluation is held out of train)."""
-    path = Path(spec.data)
-    if path.is_file() or spec.data.endswith(TABLE_SUFFIXES):
-        full = load_table(
-            path,
-            spec.text_column,
-            spec.label_column,
-            spec.text_b_column,
-            list(spec.label_names or []) or None,
+    return load_source(
+        DataSource(
+            data=spec.data,
+            test_data=spec.test_data,
+            text_column=spec.text_column,
+            label_column=spec.label_column,
+            text_b_column=spec.text_b_column,
+            labels=spec.label_names,
+            datasets_dir=spec.datasets_dir,
         )
-        return full, None
-    full = load_dataset(spec.data, "train", spec.datasets_dir)
-    try:
-        return full, load_dataset(spec.data, "test", spec.datasets_dir)
-    except DataError:
-        return full, None
+    )
 
 
 def _cut(spec: ShardSpec, full: TextDataset, test: TextDataset | None) -> tuple[list[Example], list[Example]]:
@@ -101,6 +95,7 @@ def load_shards(specs: list[ShardSpec]) -> list[tuple[list[Example], list[Exampl
     for spec in specs:
         key = (
             spec.data,
+            spec.test_data,
             spec.text_column,
             spec.label_column,
             spec.text_b_column,
@@ -123,3 +118,22 @@ def shard_sizes(spec: ShardSpec) -> list[tuple[int, int]]:
         train, evaluation = _cut(replace(spec, partition_id=pid), full, test)
         sizes.append((len(train), len(evaluation)))
     return sizes
+
+
+def shard_summary(spec: ShardSpec) -> list[dict[str, object]]:
+    """Every worker's shard (`spec.partition_id` is ignored): train and eval sizes and the train label mix."""
+    full, test = _source(spec)
+    out = []
+    for pid in range(spec.num_partitions):
+        train, evaluation = _cut(replace(spec, partition_id=pid), full, test)
+        counts = [0] * full.num_labels
+        for ex in train:
+            counts[ex.label] += 1
+        out.append(
+            {
+                "train": len(train),
+                "eval": len(evaluation),
+                "per_label": dict(zip(full.label_names, counts, strict=True)),
+            }
+        )
+    return out

@@ -2,39 +2,42 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
+from shared.evalstats import macro_f1
 from shared.spec import DEFAULT_MODEL
+from worker.data.help import (
+    DATA_HELP,
+    LABEL_COLUMN_HELP,
+    LABELS_HELP,
+    TEMPLATE_HELP,
+    TEST_DATA_HELP,
+    TEXT_B_COLUMN_HELP,
+    TEXT_COLUMN_HELP,
+    VERBALIZER_HELP,
+)
 
 
 def parse_verbalizer(text: str) -> list[list[str]]:
     """Parse 'terrible;great' or 'bad,terrible;good,great' (labels by ';', words by ',') or a JSON list of lists."""
-    text = text.strip()
-    if text.startswith("["):
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise typer.BadParameter(f"verbalizer is not valid JSON: {exc.msg}") from None
-        if not isinstance(value, list) or not all(
-            isinstance(words, list) and words and all(isinstance(w, str) and w.strip() for w in words)
-            for words in value
-        ):
-            raise typer.BadParameter(
-                'verbalizer JSON must be a list of lists of words, e.g. [["bad"], ["good"]]'
-            )
-        return value
-    labels = [[w.strip() for w in part.split(",") if w.strip()] for part in text.split(";")]
-    if len(labels) < 2 or any(not words for words in labels):
-        raise typer.BadParameter("verbalizer needs words for at least two labels, e.g. 'terrible;great'")
-    return labels
+    from worker.data import DataError
+    from worker.data.verbalizer import parse_verbalizer as parse
+
+    try:
+        return parse(text)
+    except DataError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def peak_rss_mib() -> float:
@@ -43,11 +46,39 @@ def peak_rss_mib() -> float:
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM: stop training, write what was measured."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM raise Interrupted in the main thread (once; a second signal waits its turn)."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
+
+
 def train_local_command(
-    dataset: str = typer.Option(
-        "sst2", help="Data set name (under shared/datasets or $FEDPROMPT_DATASETS) or folder."
-    ),
-    model: str = typer.Option(DEFAULT_MODEL, help="Hub id or local path of the frozen masked LM."),
+    dataset: str = typer.Option("sst2", "--dataset", "--data", help=DATA_HELP),
+    test_data: str | None = typer.Option(None, help=TEST_DATA_HELP),
+    text_column: str = typer.Option("text", help=TEXT_COLUMN_HELP),
+    text_b_column: str | None = typer.Option(None, help=TEXT_B_COLUMN_HELP),
+    label_column: str = typer.Option("label", help=LABEL_COLUMN_HELP),
+    labels: str | None = typer.Option(None, help=LABELS_HELP),
+    model: str = typer.Option(DEFAULT_MODEL, help="Hub id or local path of the frozen language model."),
     steps: int = typer.Option(1500, min=0, help="Optimisation steps."),
     batch_size: int = typer.Option(16, min=1, help="Examples per step."),
     lr: float = typer.Option(0.3, min=0.0, help="AdamW learning rate of the prompt (the paper: 0.3)."),
@@ -67,149 +98,266 @@ def train_local_command(
     eval_limit: int | None = typer.Option(None, min=1, help="Evaluate on a seeded subset of the test split."),
     eval_batch_size: int = typer.Option(64, min=1, help="Examples per evaluation batch."),
     train_limit: int | None = typer.Option(None, min=1, help="Train on a seeded subset of the train split."),
-    template: str | None = typer.Option(None, help="Template with {text} or {text_a}/{text_b} and [MASK]."),
-    verbalizer: str | None = typer.Option(
-        None, help="Label words, e.g. 'terrible;great' or JSON [[..],[..]]."
+    template: str | None = typer.Option(None, help=TEMPLATE_HELP),
+    verbalizer: str | None = typer.Option(None, help=VERBALIZER_HELP),
+    log_every: int | None = typer.Option(
+        None,
+        min=1,
+        help="Without a terminal: a progress line every N steps (default: about 20 lines per run).",
     ),
-    out: Path | None = typer.Option(None, help="Write the accuracy curve and timings to this JSON file."),
+    out: Path | None = typer.Option(
+        None, help="Write the accuracy curve and timings to this JSON file (also when stopped early)."
+    ),
 ) -> None:
-    """Tune a soft prompt on a whole data set and report test accuracy along the way."""
+    """Tune a soft prompt on a whole data set and report test accuracy along the way.
+
+    Ctrl-C or SIGTERM stops it at once; what was measured until then is written to --out."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from worker.data import DataError, load_dataset, preset_for
+    from worker.data import DataError, DataSource, choose_prompt, load_splits, parse_labels
+    from worker.data.verbalizer import load_tokenizer
     from worker.engine import PromptEngine
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    tty = sys.stdout.isatty()
+
+    def fail(message: str) -> NoReturn:
+        console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
+        raise typer.Exit(2)
+
     if init not in ("vocab", "random"):
         raise typer.BadParameter(f"--init must be 'vocab' or 'random'; got {init!r}")
     try:
-        train = load_dataset(dataset, "train").sample(train_limit, seed)
-        test = load_dataset(dataset, "test").sample(eval_limit, seed)
+        source = DataSource(
+            data=dataset,
+            test_data=test_data,
+            text_column=text_column,
+            label_column=label_column,
+            text_b_column=text_b_column,
+            labels=parse_labels(labels),
+        )
+        splits = load_splits(source)
+        train = splits.train.sample(train_limit, seed)
+        test = splits.test.sample(eval_limit, seed)
+        tmpl, words = choose_prompt(
+            name=train.name,
+            task=train.task,
+            label_names=train.label_names,
+            template=template,
+            verbalizer=verbalizer,
+            tokenizer=load_tokenizer(model),
+            model=model,
+        )
     except DataError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
-    words = parse_verbalizer(verbalizer) if verbalizer is not None else None
-    tmpl = template
-    if tmpl is None or words is None:
-        try:
-            preset = preset_for(train.name, train.task)
-        except KeyError as exc:
-            console.print(f"[red]error:[/red] {exc.args[0]}")
-            raise typer.Exit(2) from None
-        tmpl = tmpl if tmpl is not None else preset.template
-        words = words if words is not None else preset.verbalizer
-    if len(words) != train.num_labels:
-        raise typer.BadParameter(f"verbalizer has {len(words)} labels; {train.name} has {train.num_labels}")
+        fail(str(exc))
 
-    started = time.perf_counter()
-    engine = PromptEngine.load(
-        model,
-        template=tmpl,
-        verbalizer=words,
-        num_virtual_tokens=num_virtual_tokens,
-        max_length=max_length,
-        init=init,  # type: ignore[arg-type]
-        init_std=init_std,
-        seed=seed,
-        device=device,
-        num_threads=num_threads,
-    )
-    load_s = time.perf_counter() - started
-    console.print(
-        f"model {model} ({engine.head} scoring, fingerprint {engine.fingerprint}, hidden {engine.hidden_size}) "
-        f"on {engine.device} loaded in {load_s:.1f}s; {train.name}: {len(train)} train / {len(test)} test"
-    )
-    console.print(f"template {tmpl!r} verbalizer {words}")
+    report: dict[str, Any] = {
+        "dataset": train.name,
+        "data": dataset,
+        "test_data": test_data,
+        "held_out": splits.held_out,
+        "labels": train.label_names,
+        "model": model,
+        "template": tmpl,
+        "verbalizer": words,
+        "config": {
+            "steps": steps,
+            "batch_size": batch_size,
+            "lr": lr,
+            "num_virtual_tokens": num_virtual_tokens,
+            "max_length": max_length,
+            "init": init,
+            "init_std": init_std,
+            "grad_clip": grad_clip,
+            "seed": seed,
+            "train_examples": len(train),
+            "test_examples": len(test),
+            "num_threads": num_threads,
+        },
+        "curve": [],
+        "command": " ".join(sys.argv),
+    }
+    curve: list[dict[str, Any]] = report["curve"]
+    timing = {"train": 0.0, "eval": 0.0, "step": 0, "loss": None}
 
-    curve: list[dict[str, Any]] = []
-    train_seconds = 0.0
+    def write_out() -> None:
+        if out is None:
+            return
+        final = curve[-1] if curve else {}
+        steps_done = int(timing["step"])  # type: ignore[call-overload]
+        report.update(
+            {
+                "final_accuracy": final.get("accuracy"),
+                "final_macro_f1": final.get("macro_f1"),
+                "steps_done": steps_done,
+                "train_seconds": timing["train"],
+                "seconds_per_step": timing["train"] / steps_done if steps_done else 0.0,
+                "mean_train_loss": timing["loss"],
+                "peak_rss_mib": peak_rss_mib(),
+            }
+        )
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"wrote {escape(str(out))}", soft_wrap=True)
 
     def evaluate(step: int, printer: Any) -> None:
         result = engine.evaluate(test.examples, batch_size=eval_batch_size)
-        curve.append({"step": step, **result.to_dict()})
+        curve.append({"step": step, **result.to_dict(), "macro_f1": macro_f1(result.confusion)})
         per_class = " ".join(
             f"{name}={c}/{t}"
             for name, c, t in zip(train.label_names, result.correct, result.total, strict=True)
         )
         label = "zero-shot" if step == 0 else f"step {step}"
         printer(
-            f"{label}: accuracy={result.accuracy:.4f} loss={result.loss:.4f} ({per_class}) [{result.seconds:.1f}s]"
+            escape(
+                f"{label}: accuracy={result.accuracy:.4f} macro-F1={curve[-1]['macro_f1']:.4f} "
+                f"loss={result.loss:.4f} ({per_class}) [{result.seconds:.1f}s]"
+            ),
+            soft_wrap=True,
         )
 
-    evaluate(0, console.print)
-    last_result = None
-    if steps > 0:
-        columns = (
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]:.4f}"),
-            TimeRemainingColumn(),
-        )
-        with Progress(*columns, console=console, transient=False) as progress:
-            task_id = progress.add_task("training", total=steps, loss=float("nan"))
-            last_eval = {"t": 0.0}
-
-            def on_step(step: int, total: int, loss: float) -> None:
-                progress.update(task_id, completed=step, loss=loss)
-                if eval_every and step % eval_every == 0 and step < total:
-                    t0 = time.perf_counter()
-                    evaluate(step, progress.console.print)
-                    last_eval["t"] += time.perf_counter() - t0
-
-            last_result = engine.train(
-                train.examples,
-                steps=steps,
-                batch_size=batch_size,
-                lr=lr,
-                grad_clip=grad_clip,
+    every = log_every or max(1, steps // 20)
+    with _stop_on_signals():
+        try:
+            started = time.perf_counter()
+            engine = PromptEngine.load(
+                model,
+                template=tmpl,
+                verbalizer=words,
+                num_virtual_tokens=num_virtual_tokens,
+                max_length=max_length,
+                init=init,  # type: ignore[arg-type]
+                init_std=init_std,
                 seed=seed,
-                progress=on_step,
+                device=device,
+                num_threads=num_threads,
             )
-            # Evaluations ran inside the training loop; they are not training time.
-            train_seconds = last_result.seconds - last_eval["t"]
-        evaluate(steps, console.print)
+            load_s = time.perf_counter() - started
+            report |= {
+                "fingerprint": engine.fingerprint,
+                "head": engine.head,
+                "device": str(engine.device),
+                "load_seconds": load_s,
+            }
+            console.print(
+                escape(
+                    f"model {model} ({engine.head} scoring, fingerprint {engine.fingerprint}, hidden "
+                    f"{engine.hidden_size}) on {engine.device} loaded in {load_s:.1f}s; {train.name}: "
+                    f"{len(train)} train / {len(test)} test"
+                    + (" (test: a seeded 10 % held out of the file)" if splits.held_out else "")
+                ),
+                soft_wrap=True,
+            )
+            console.print(escape(f"template {tmpl!r} verbalizer {words}"), soft_wrap=True)
+            evaluate(0, console.print)
+            if steps > 0:
+                _train(
+                    engine,
+                    train,
+                    steps=steps,
+                    batch_size=batch_size,
+                    lr=lr,
+                    grad_clip=grad_clip,
+                    seed=seed,
+                    eval_every=eval_every,
+                    evaluate=evaluate,
+                    timing=timing,
+                    console=console,
+                    columns=(
+                        TextColumn("[progress.description]{task.description}"),
+                        BarColumn(),
+                        MofNCompleteColumn(),
+                        TextColumn("loss {task.fields[loss]:.4f}"),
+                        TimeRemainingColumn(),
+                    )
+                    if tty
+                    else None,
+                    progress_cls=Progress,
+                    every=every,
+                )
+                evaluate(steps, console.print)
+        except Interrupted as stop:
+            report["stopped"] = {"signal": stop.args[0], "at_step": int(timing["step"])}  # type: ignore[call-overload]
+            console.print(
+                f"[yellow]stopped by {stop.args[0]}[/] at step {timing['step']} of {steps}"
+                + ("; writing what was measured" if out is not None else ""),
+                soft_wrap=True,
+            )
+            write_out()
+            raise typer.Exit(130 if stop.signum == signal.SIGINT else 143) from None
 
     final = curve[-1]
-    s_per_step = train_seconds / steps if steps else 0.0
+    s_per_step = timing["train"] / steps if steps else 0.0
     console.print(
-        f"final accuracy={final['accuracy']:.4f} loss={final['loss']:.4f} steps={steps} s/step={s_per_step:.3f} "
-        f"peak_rss={peak_rss_mib():.0f}MiB"
+        f"final accuracy={final['accuracy']:.4f} macro-F1={final['macro_f1']:.4f} loss={final['loss']:.4f} "
+        f"steps={steps} s/step={s_per_step:.3f} peak_rss={peak_rss_mib():.0f}MiB"
     )
-    if out is not None:
-        report = {
-            "dataset": train.name,
-            "model": model,
-            "fingerprint": engine.fingerprint,
-            "head": engine.head,
-            "device": str(engine.device),
-            "template": tmpl,
-            "verbalizer": words,
-            "config": {
-                "steps": steps,
-                "batch_size": batch_size,
-                "lr": lr,
-                "num_virtual_tokens": num_virtual_tokens,
-                "max_length": max_length,
-                "init": init,
-                "init_std": init_std,
-                "grad_clip": grad_clip,
-                "seed": seed,
-                "train_examples": len(train),
-                "test_examples": len(test),
-                "num_threads": num_threads,
-            },
-            "curve": curve,
-            "final_accuracy": final["accuracy"],
-            "train_seconds": train_seconds,
-            "seconds_per_step": s_per_step,
-            "load_seconds": load_s,
-            "mean_train_loss": last_result.mean_loss if last_result else None,
-            "peak_rss_mib": peak_rss_mib(),
-            "command": " ".join(sys.argv),
-        }
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2) + "\n")
-        console.print(f"wrote {out}")
+    write_out()
+
+
+def _train(
+    engine: Any,
+    train: Any,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    grad_clip: float,
+    seed: int,
+    eval_every: int,
+    evaluate: Any,
+    timing: dict[str, Any],
+    console: Any,
+    columns: tuple[Any, ...] | None,
+    progress_cls: Any,
+    every: int,
+) -> None:
+    """Train with a progress bar on a terminal, else a line every `every` steps; an evaluation every
+    `eval_every` steps (not counted as training time). `timing` holds the step reached and the seconds."""
+    started = time.perf_counter()
+    bar = progress_cls(*columns, console=console, transient=False) if columns else contextlib.nullcontext()
+    with bar as progress:
+        task_id = progress.add_task("training", total=steps, loss=float("nan")) if columns else None
+        printer = progress.console.print if columns else console.print
+
+        def on_step(step: int, total: int, loss: float) -> None:
+            timing["step"] = step
+            timing["train"] = time.perf_counter() - started - timing["eval"]
+            if columns:
+                progress.update(task_id, completed=step, loss=loss)
+            elif step % every == 0 or step == total:
+                rate = timing["train"] / step
+                console.print(
+                    f"step {step}/{total} loss {loss:.4f} ({rate:.2f} s/step, "
+                    f"{_duration(rate * (total - step))} to go)",
+                    soft_wrap=True,
+                )
+            if eval_every and step % eval_every == 0 and step < total:
+                t0 = time.perf_counter()
+                evaluate(step, printer)
+                timing["eval"] += time.perf_counter() - t0
+
+        result = engine.train(
+            train.examples,
+            steps=steps,
+            batch_size=batch_size,
+            lr=lr,
+            grad_clip=grad_clip,
+            seed=seed,
+            progress=on_step,
+        )
+    # Evaluations ran inside the training loop; they are not training time.
+    timing["train"] = result.seconds - timing["eval"]
+    timing["loss"] = result.mean_loss
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"

@@ -14,11 +14,12 @@ from worker.data import (
     PRESETS,
     DataError,
     Example,
+    MissingDataset,
     datasets_dir,
     load_dataset,
     load_table,
     preset_for,
-    project_root,
+    user_datasets_dir,
 )
 
 
@@ -66,15 +67,47 @@ def test_load_pair_dataset(tmp_path: Path) -> None:
     assert data.examples[0] == Example("q?", 0, text_b="a.")
 
 
-def test_default_datasets_dir_is_next_to_the_project(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bare_names_are_looked_up_in_the_env_folder_then_the_user_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv(DATASETS_ENV, raising=False)
+    assert user_datasets_dir() == tmp_path / "xdg" / "fedprompt" / "datasets"
+    assert datasets_dir() == user_datasets_dir()
+    write_packed(user_datasets_dir(), "mine")
+    assert load_dataset("mine").name == "mine"
+
+    monkeypatch.setenv(DATASETS_ENV, str(tmp_path / "shared"))
+    write_packed(tmp_path / "shared", "toy")
+    assert datasets_dir() == tmp_path / "shared"
+    assert load_dataset("toy").name == "toy" and load_dataset("mine").name == "mine"
+
+
+def test_a_missing_name_says_where_it_looked_and_how_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv(DATASETS_ENV, raising=False)
 
-    assert (project_root() / "pyproject.toml").is_file()
-    assert datasets_dir() == project_root().parent / "shared" / "datasets"
+    with pytest.raises(MissingDataset) as caught:
+        load_dataset("sst2")
+
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"${DATASETS_ENV} (unset)" in message and str(tmp_path / "xdg") in message
+    assert "no data sets are installed" in message
+    assert "fedprompt data fetch sst2" in message and "CSV/TSV/JSONL" in message
 
 
-def test_real_sst2_test_split_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(DATASETS_ENV, raising=False)
+def test_the_product_names_no_folder_outside_the_repository() -> None:
+    root = Path(__file__).resolve().parents[2]
+    for package in ("coordinator", "worker", "shared", "sim"):
+        for path in (root / package).rglob("*.py"):
+            text = path.read_text()
+            assert "../shared" not in text and '"shared" / "datasets"' not in text, path
+
+
+def test_real_sst2_test_split_loads() -> None:
     assert (datasets_dir() / "sst2").is_dir(), (
         f"the shared data sets must be at {datasets_dir()} (or $FEDPROMPT_DATASETS)"
     )
@@ -89,7 +122,7 @@ def test_real_sst2_test_split_loads(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_unknown_dataset_name_lists_the_available_ones(tmp_path: Path) -> None:
     write_packed(tmp_path, "toy")
 
-    with pytest.raises(DataError, match=r"no data set named 'nope' in .*available: toy"):
+    with pytest.raises(DataError, match=r"no data set named 'nope' \(looked in .*available: toy"):
         load_dataset("nope", datasets_dir=tmp_path)
 
 
@@ -204,8 +237,7 @@ def test_data_error_is_a_value_error() -> None:
 # ---------------------------------------------------------------- presets
 
 
-def test_every_packed_dataset_has_a_fitting_preset(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(DATASETS_ENV, raising=False)
+def test_every_packed_dataset_has_a_fitting_preset() -> None:
     root = datasets_dir()
     assert root.is_dir(), f"the shared data sets must be at {root} (or $FEDPROMPT_DATASETS)"
     from transformers import AutoTokenizer
@@ -215,8 +247,8 @@ def test_every_packed_dataset_has_a_fitting_preset(monkeypatch: pytest.MonkeyPat
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("all-MiniLM-L6-v2"))
     for folder in sorted(p for p in root.iterdir() if (p / "meta.json").is_file()):
         meta = json.loads((folder / "meta.json").read_text())
-        preset = preset_for(folder.name, meta["task"])
-        assert folder.name in PRESETS
+        preset = preset_for(folder.name, meta["task"], meta["labels"])
+        assert folder.name in PRESETS and preset is not None
         assert len(preset.verbalizer) == len(meta["labels"]), folder.name
         assert ("{text_a}" in preset.template) == (meta["task"] == "pair"), folder.name
         for words in preset.verbalizer:
@@ -225,9 +257,13 @@ def test_every_packed_dataset_has_a_fitting_preset(monkeypatch: pytest.MonkeyPat
                 assert len(tokenizer.tokenize(word)) == 1, (folder.name, word)
 
 
-def test_unknown_single_dataset_has_no_preset() -> None:
-    with pytest.raises(KeyError, match="--template"):
-        preset_for("my-own", "single")
+def test_only_packed_sets_with_their_own_labels_have_a_preset() -> None:
+    assert preset_for("my-own", "single") is None
+    assert preset_for("my-own", "pair") is None
+    assert preset_for("sst2", "single", ["negative", "positive"]) is PRESETS["sst2"]
+    # a folder of one's own named like a packed set does not get its label words
+    assert preset_for("sst2", "single", ["ham", "spam"]) is None
+    assert preset_for("rte", "single") is None
 
 
 @pytest.mark.parametrize("partition", ["iid", "quantity:0.5"])

@@ -1,15 +1,18 @@
-"""Data for the worker: packed data sets, a user's own tables, presets and client partitions."""
+"""Data for the worker: packed data sets, a user's own tables, presets and label words, client partitions."""
 
 from worker.data.dataset import (
     DATASETS_ENV,
     DataError,
     Example,
+    MissingDataset,
     TextDataset,
+    dataset_dirs,
     datasets_dir,
     load_dataset,
     load_table,
-    project_root,
+    packed_folders,
     resolve_dataset,
+    user_datasets_dir,
 )
 from worker.data.partition import (
     PartitionError,
@@ -20,26 +23,41 @@ from worker.data.partition import (
     partition,
     quantity_dirichlet,
 )
-from worker.data.presets import PRESETS, Preset, preset_for
+from worker.data.presets import PRESETS, Preset, generic_template, preset_for
+from worker.data.source import DataSource, Splits, is_table, load_source, load_splits, parse_labels
+from worker.data.verbalizer import LabelWordError, choose_prompt, parse_verbalizer
 
 __all__ = [
     "DATASETS_ENV",
     "PRESETS",
     "DataError",
+    "DataSource",
     "Example",
+    "LabelWordError",
+    "MissingDataset",
     "PartitionError",
     "Preset",
     "Scheme",
+    "Splits",
     "TextDataset",
+    "choose_prompt",
+    "dataset_dirs",
     "datasets_dir",
+    "generic_template",
     "iid",
+    "is_table",
     "label_dirichlet",
     "load_dataset",
+    "load_source",
+    "load_splits",
     "load_table",
+    "packed_folders",
+    "parse_labels",
     "parse_partition",
+    "parse_verbalizer",
     "partition",
     "preset_for",
-    "project_root",
     "quantity_dirichlet",
     "resolve_dataset",
+    "user_datasets_dir",
 ]

@@ -1,4 +1,9 @@
-"""Labelled text: the packed data sets under shared/datasets and a user's own CSV / TSV / JSONL files."""
+"""Labelled text: packed data sets (by name or folder) and a user's own CSV / TSV / JSONL files.
+
+A packed data set is a folder with meta.json ("task": single | pair, "labels": names in id order) and
+train.jsonl.gz / test.jsonl.gz, one {"text", "label"} (or {"text_a", "text_b", "label"}) object a line.
+Bare names are looked up in $FEDPROMPT_DATASETS, then in the user's data folder (`user_datasets_dir`).
+"""
 
 from __future__ import annotations
 
@@ -89,25 +94,59 @@ class TextDataset:
         return counts
 
 
-def project_root() -> Path:
-    """The folder holding pyproject.toml, found upwards from this package."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        if (parent / "pyproject.toml").is_file():
-            return parent
-    raise DataError(
-        f"cannot find the project root (pyproject.toml) above {here}; set {DATASETS_ENV} to the datasets folder"
-    )
+def user_datasets_dir() -> Path:
+    """Where `fedprompt data fetch` and `fedprompt data import` write: $XDG_DATA_HOME/fedprompt/datasets,
+    else ~/.local/share/fedprompt/datasets."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "fedprompt" / "datasets"
+
+
+def dataset_dirs(override: str | os.PathLike[str] | None = None) -> list[Path]:
+    """The folders bare data set names are looked up in, in order: the argument alone when given, else
+    $FEDPROMPT_DATASETS (when set) and then the user's data folder."""
+    if override is not None:
+        return [Path(override)]
+    env = os.environ.get(DATASETS_ENV)
+    return [Path(env), user_datasets_dir()] if env else [user_datasets_dir()]
 
 
 def datasets_dir(override: str | os.PathLike[str] | None = None) -> Path:
-    """Where bare data set names live: the argument, else $FEDPROMPT_DATASETS, else <root>/../shared/datasets."""
-    if override is not None:
-        return Path(override)
-    env = os.environ.get(DATASETS_ENV)
-    if env:
-        return Path(env)
-    return project_root().parent / "shared" / "datasets"
+    """The first folder bare data set names are looked up in (see `dataset_dirs`)."""
+    return dataset_dirs(override)[0]
+
+
+def packed_folders(dirs: Sequence[Path]) -> dict[str, Path]:
+    """Every packed data set (a folder with meta.json) in `dirs` by name; the first folder wins."""
+    found: dict[str, Path] = {}
+    for root in dirs:
+        if not root.is_dir():
+            continue
+        for folder in sorted(root.iterdir()):
+            if folder.name not in found and (folder / "meta.json").is_file():
+                found[folder.name] = folder
+    return found
+
+
+class MissingDataset(DataError):
+    """A bare data set name found in none of the data set folders; the message says how to get it."""
+
+
+def _where(dirs: Sequence[Path], override: bool) -> str:
+    shown = [str(d) + ("" if d.is_dir() else " (absent)") for d in dirs]
+    if not override and not os.environ.get(DATASETS_ENV):
+        shown.insert(0, f"${DATASETS_ENV} (unset)")
+    return ", ".join(shown)
+
+
+def missing_dataset_message(name: str, dirs: Sequence[Path], override: bool = False) -> str:
+    """One line: the name was not found where, what is there, and the ways to get data."""
+    available = sorted(packed_folders(dirs))
+    there = f"available: {', '.join(available)}" if available else "no data sets are installed"
+    return (
+        f"no data set named {name!r} (looked in {_where(dirs, override)}; {there}); "
+        f"get it with `fedprompt data fetch {name}` when online, point ${DATASETS_ENV} at a folder of "
+        "packed data sets, or pass a CSV/TSV/JSONL file"
+    )
 
 
 def resolve_dataset(
@@ -122,14 +161,10 @@ def resolve_dataset(
     )
     if looks_like_path:
         raise DataError(f"data set folder {given} does not exist")
-    root = datasets_dir(datasets_dir_)
-    folder = root / str(name_or_path)
-    if not folder.is_dir():
-        available = (
-            sorted(p.name for p in root.iterdir() if (p / "meta.json").is_file()) if root.is_dir() else []
-        )
-        hint = f"; available: {', '.join(available)}" if available else f" ({root} has no data sets)"
-        raise DataError(f"no data set named {str(name_or_path)!r} in {root}{hint}")
+    dirs = dataset_dirs(datasets_dir_)
+    folder = packed_folders(dirs).get(str(name_or_path))
+    if folder is None:
+        raise MissingDataset(missing_dataset_message(str(name_or_path), dirs, datasets_dir_ is not None))
     return folder
 
 
@@ -268,7 +303,10 @@ def load_table(
         where = f"{path}:{lineno}"
         absent = [c for c in columns if c not in row]
         if absent:
-            raise DataError(f"{where}: missing column(s) {', '.join(absent)}; the row has {', '.join(row)}")
+            raise DataError(
+                f"{where}: missing column(s) {', '.join(absent)}; the row has {', '.join(row)} "
+                "(name the columns with --text-column, --label-column and, for pairs, --text-b-column)"
+            )
         text = row[text_column]
         if not isinstance(text, str):
             raise DataError(f"{where}: column {text_column!r} must be a string; got {text!r}")

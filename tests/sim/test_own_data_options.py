@@ -1,0 +1,118 @@
+"""simulate's data options without processes: a folder or file of one's own, its template and label words,
+the name results.json records, and per-class figures in the round table, results.json and rounds.csv."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from sim.data_options import resolve_data, shard_lines
+from sim.options import build_spec
+from sim.results import run_facts
+from worker.data import DataError, LabelWordError, MissingDataset, datasets_dir
+
+MODEL = "all-MiniLM-L6-v2"
+
+
+def _opts(tmp_path: Path, **over: Any) -> SimpleNamespace:
+    base = {
+        "dataset": "sst2",
+        "test_data": None,
+        "text_column": "text",
+        "text_b_column": None,
+        "label_column": "label",
+        "labels": None,
+        "template": None,
+        "verbalizer": None,
+        "model": MODEL,
+        "out": tmp_path / "run",
+        "clients": 3,
+        "partition": "iid",
+        "seed": 0,
+        "train_limit": 90,
+        "eval_limit": None,
+    }
+    return SimpleNamespace(**(base | over))
+
+
+def _own_folder(root: Path, name: str, labels: list[str]) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "meta.json").write_text(json.dumps({"task": "single", "labels": labels}))
+    rows = [{"text": f"message {i}", "label": i % 2} for i in range(40)]
+    for split in ("train", "test"):
+        with gzip.open(folder / f"{split}.jsonl.gz", "wt") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in rows)
+    return folder
+
+
+def test_a_folder_of_ones_own_with_template_and_verbalizer_runs_and_keeps_its_name(tmp_path: Path) -> None:
+    folder = _own_folder(tmp_path, "mail", ["ham", "spam"])
+    opts = _opts(tmp_path, dataset=str(folder), template="{text} This is [MASK].", verbalizer="normal;junk")
+
+    dataset = resolve_data(opts, opts.out)
+
+    assert (dataset.folder, dataset.name, dataset.labels) == (folder, "mail", ("ham", "spam"))
+    assert dataset.template == "{text} This is [MASK]." and dataset.verbalizer == (("normal",), ("junk",))
+    spec = build_spec(
+        dataset_name=dataset.name, task=dataset.task, model=MODEL, clients=3, fraction=1.0, rounds=2,
+        local_steps=5, batch_size=4, lr=0.3, num_virtual_tokens=4, max_length=32, seed=0, round_deadline=60.0,
+        template=dataset.template, verbalizer=[list(w) for w in dataset.verbalizer], hidden_size=8,
+        fingerprint=None,
+    )  # fmt: skip
+    assert spec.name == "simulate-mail" and spec.verbalizer == [["normal"], ["junk"]]
+    facts = run_facts(spec.model_dump(mode="json"), {"federation_id": 1, "dataset": str(folder), "clients": 3, "partition": "iid"}, parallel=1, cores=1, device="cpu")  # fmt: skip
+    assert facts["dataset"] == "mail" and facts["labels"] == ["ham", "spam"]
+
+
+def test_a_folder_of_ones_own_without_label_words_gets_the_one_piece_error(tmp_path: Path) -> None:
+    folder = _own_folder(tmp_path, "mail", ["ham", "spam"])
+
+    with pytest.raises(LabelWordError, match=r"label 'spam' is 2 word pieces"):
+        resolve_data(_opts(tmp_path, dataset=str(folder)), tmp_path / "run")
+
+
+def test_a_csv_is_packed_into_the_run_folder_with_its_held_out_split(tmp_path: Path) -> None:
+    with gzip.open(datasets_dir() / "sst2" / "train.jsonl.gz", "rt") as fh:
+        rows = [json.loads(line) for line, _ in zip(fh, range(100), strict=False)]
+    path = tmp_path / "reviews.csv"
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["sentence", "sentiment"])
+        writer.writerows([r["text"], ["negative", "positive"][r["label"]]] for r in rows)
+    opts = _opts(tmp_path, dataset=str(path), text_column="sentence", label_column="sentiment")
+
+    dataset = resolve_data(opts, opts.out)
+
+    assert dataset.folder == opts.out / "data" / "reviews" and dataset.name == "reviews"
+    assert dataset.template == "{text} It was [MASK]." and dataset.verbalizer == (
+        ("negative",),
+        ("positive",),
+    )
+    meta = json.loads((dataset.folder / "meta.json").read_text())
+    assert meta["splits"]["train"]["rows"] + meta["splits"]["test"]["rows"] == 100
+    assert "held out" in meta["source"] and set(meta["files"]) == {"train.jsonl.gz", "test.jsonl.gz"}
+    lines = shard_lines(dataset, opts)
+    assert len(lines) == 3 and all("negative" in line and "eval" in line for line in lines)
+
+
+def test_a_missing_packed_name_is_one_line_with_the_ways_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("FEDPROMPT_DATASETS", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+
+    with pytest.raises(MissingDataset, match="fedprompt data fetch sst2") as caught:
+        resolve_data(_opts(tmp_path), tmp_path / "run")
+    assert "\n" not in str(caught.value)
+
+
+def test_a_missing_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="no such file"):
+        resolve_data(_opts(tmp_path, dataset=str(tmp_path / "absent.csv")), tmp_path / "run")
