@@ -1,15 +1,25 @@
 """Local differential privacy for prompt updates (FedPrompt's LDP), as pure functions: no I/O.
 
-Two mechanisms, both applied by a client to its update (new prompt − global prompt) before upload:
+Two mechanisms, both applied by a client to its update (new prompt − global prompt) before upload.
+Local DP protects the client's whole input: any two of its possible updates, each clipped to norm B,
+differ by up to 2·B in that norm (an update u and its opposite −u), so the sensitivity of the clipped
+update is 2·B (``SENSITIVITY_FACTOR``), and the noise is calibrated to it:
 
-- ``laplace`` (the paper's): clip the update's L1 norm to a bound, add Laplace noise of scale
-  bound/ε to every element. The released update is ε-DP with respect to the client's update
-  (sensitivity = the L1 bound); over rounds, ε adds up (basic composition).
-- ``gaussian``: clip the update's L2 norm to a bound, add Gaussian noise of standard deviation
-  σ·bound to every element, where the noise multiplier σ is the smallest that makes one release
-  (ε, δ)-DP. Both σ and the composition over the rounds a client took part in come from the PRV
-  accountant (Gopi et al., 2021; the ``prv-accountant`` package), which composes tightly: n rounds
-  cost far less than n·ε.
+- ``laplace`` (the paper's): clip the update's L1 norm to B, add Laplace noise of scale 2·B/ε to
+  every element. Each release is ε-DP; over rounds, ε adds up (basic composition).
+- ``gaussian``: clip the update's L2 norm to B, add Gaussian noise of standard deviation σ·2·B to
+  every element, where the noise multiplier σ (std / sensitivity) is the smallest that makes one
+  release (ε, δ)-DP. Both σ and the composition over the rounds a client took part in come from the
+  PRV accountant (Gopi et al., 2021; the ``prv-accountant`` package), which composes tightly: n
+  rounds cost far less than n·ε.
+
+Builds before this calibration used B itself as the sensitivity (Laplace scale B/ε, Gaussian std
+σ·B): their releases were 2ε-DP (Laplace), and (ε', δ)-DP with ε' the accountant's figure for σ/2
+(Gaussian); ``uncalibrated_epsilon`` computes what such a release guaranteed.
+
+The noise comes from the generator the caller passes: a worker draws it from OS entropy (the
+default in production: noise derived from a seed anyone else knows could be subtracted), a simulation
+from a seeded one (``ldp_rng``) so that its LDP runs can be reproduced.
 """
 
 from __future__ import annotations
@@ -24,6 +34,10 @@ import numpy as np
 # upper bound, within 0.1 % of the truth.
 EPS_RELATIVE_ERROR = 1e-3
 DELTA_RELATIVE_ERROR = 1e-3
+
+
+# Two updates clipped to norm B differ by at most 2·B in that norm: the sensitivity the noise covers.
+SENSITIVITY_FACTOR = 2.0
 
 
 class PrivacyError(ValueError):
@@ -68,6 +82,33 @@ def _release(
     }
 
 
+def ldp_rng(seed: int | None, round_number: int) -> np.random.Generator:
+    """The generator of one release's noise: OS entropy without a seed (production workers), else
+    seeded by (seed, round) so that a simulation's LDP noise is the same on every run."""
+    if seed is None:
+        return np.random.default_rng()
+    return np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, int(round_number)])
+
+
+def client_noise_seed(seed: int, client_index: int) -> int:
+    """A simulation's LDP noise seed for one client: from the run's --seed and the client's index."""
+    return int(np.random.SeedSequence([int(seed), int(client_index)]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def laplace_scale(bound: float, epsilon: float) -> float:
+    """The Laplace mechanism's scale for an update clipped to L1 norm `bound`: sensitivity 2·bound over ε."""
+    if not epsilon > 0:
+        raise PrivacyError(f"epsilon must be positive; got {epsilon}")
+    return SENSITIVITY_FACTOR * bound / epsilon
+
+
+def gaussian_std(bound: float, noise_multiplier: float) -> float:
+    """The Gaussian mechanism's noise std for an update clipped to L2 norm `bound`: σ × sensitivity 2·bound."""
+    if not noise_multiplier > 0:
+        raise PrivacyError(f"the noise multiplier must be positive; got {noise_multiplier}")
+    return noise_multiplier * SENSITIVITY_FACTOR * bound
+
+
 def laplace_ldp(
     update: Mapping[str, np.ndarray],
     global_prompt: Mapping[str, np.ndarray],
@@ -76,11 +117,10 @@ def laplace_ldp(
     epsilon: float,
     rng: np.random.Generator,
 ) -> dict[str, np.ndarray]:
-    """global + clip_l1(update − global, bound) + Laplace(0, bound/ε) noise, cast back to the update's dtype."""
-    if not epsilon > 0:
-        raise PrivacyError(f"epsilon must be positive; got {epsilon}")
+    """global + clip_l1(update − global, bound) + Laplace(0, 2·bound/ε) noise, cast back to the update's
+    dtype: ε-DP for any two updates of the client."""
+    scale = laplace_scale(bound, epsilon)
     clipped, _ = clip_l1(_delta(update, global_prompt), bound)
-    scale = bound / epsilon
     return _release(update, global_prompt, clipped, lambda shape: rng.laplace(0.0, scale, size=shape))
 
 
@@ -92,11 +132,9 @@ def gaussian_ldp(
     noise_multiplier: float,
     rng: np.random.Generator,
 ) -> dict[str, np.ndarray]:
-    """global + clip_l2(update − global, bound) + N(0, (noise_multiplier·bound)²) noise per element."""
-    if not noise_multiplier > 0:
-        raise PrivacyError(f"the noise multiplier must be positive; got {noise_multiplier}")
+    """global + clip_l2(update − global, bound) + N(0, (noise_multiplier·2·bound)²) noise per element."""
+    std = gaussian_std(bound, noise_multiplier)
     clipped, _ = clip_l2(_delta(update, global_prompt), bound)
-    std = noise_multiplier * bound
     return _release(update, global_prompt, clipped, lambda shape: rng.normal(0.0, std, size=shape))
 
 
@@ -162,4 +200,21 @@ def spent_epsilon(mechanism: str, epsilon: float, delta: float | None, rounds: i
         if delta is None:
             raise PrivacyError("the Gaussian mechanism needs delta")
         return gaussian_epsilon(gaussian_noise_multiplier(epsilon, delta), delta, rounds, epsilon * rounds)
+    raise PrivacyError(f"unknown privacy mechanism '{mechanism}'; use laplace or gaussian")
+
+
+def uncalibrated_epsilon(mechanism: str, epsilon: float, delta: float | None, rounds: int) -> float:
+    """What `rounds` releases of a build that took the clipping bound itself as the sensitivity
+    (Laplace scale bound/ε, Gaussian std σ(ε, δ)·bound) guaranteed against the true sensitivity
+    2·bound: 2ε per release for Laplace (basic composition), the accountant's ε at δ for the noise
+    multiplier σ/2 for Gaussian."""
+    if rounds <= 0:
+        return 0.0
+    if mechanism == "laplace":
+        return cumulative_epsilon([SENSITIVITY_FACTOR * epsilon] * rounds)
+    if mechanism == "gaussian":
+        if delta is None:
+            raise PrivacyError("the Gaussian mechanism needs delta")
+        sigma = gaussian_noise_multiplier(epsilon, delta) / SENSITIVITY_FACTOR
+        return gaussian_epsilon(sigma, delta, rounds, SENSITIVITY_FACTOR * epsilon * rounds)
     raise PrivacyError(f"unknown privacy mechanism '{mechanism}'; use laplace or gaussian")

@@ -40,9 +40,9 @@ class PrivacySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     mechanism: Literal["laplace", "gaussian"] = Field(
         "laplace",
-        description="laplace: clip the update's L1 norm to `clip`, add Laplace(clip/epsilon) noise (ε-DP); "
-        "gaussian: clip its L2 norm to `clip`, add N(0, (σ·clip)²) noise with σ calibrated by the PRV "
-        "accountant for (epsilon, delta)-DP.",
+        description="laplace: clip the update's L1 norm to `clip`, add Laplace(2·clip/epsilon) noise (ε-DP: "
+        "two clipped updates differ by up to 2·clip); gaussian: clip its L2 norm to `clip`, add "
+        "N(0, (σ·2·clip)²) noise with σ calibrated by the PRV accountant for (epsilon, delta)-DP.",
     )
     epsilon: float = Field(..., gt=0, le=1e6, description="Privacy budget of one round's update.")
     delta: float | None = Field(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.logic.ledger import ledger
+from shared.privacy import SENSITIVITY_FACTOR, gaussian_noise_multiplier, gaussian_std, laplace_scale
 from shared.spec import FederationSpec
 from sim.plots import plot_accuracy, plot_asr
 
@@ -118,10 +119,27 @@ def run_facts(
             "torch": _torch_version(),
         },
         **model_ledger(spec),
+        **ldp_facts(spec),
         "scoring": "label words read through the tied input embeddings (the checkpoint has no MLM head)"
         if "MiniLM" in spec["model"]
         else "masked-LM head",
     }
+
+
+def ldp_facts(spec: dict[str, Any]) -> dict[str, Any]:
+    """results.json's `ldp` block when the federation asks for LDP: the settings and the calibration
+    (sensitivity 2 × clip, the noise's scale or std per element); nothing without LDP."""
+    privacy = spec.get("privacy")
+    if not privacy:
+        return {}
+    clip, epsilon, mechanism = float(privacy["clip"]), float(privacy["epsilon"]), privacy["mechanism"]
+    facts = {**privacy, "sensitivity": SENSITIVITY_FACTOR * clip}
+    if mechanism == "gaussian":
+        sigma = gaussian_noise_multiplier(epsilon, float(privacy["delta"]))
+        facts |= {"noise_multiplier": sigma, "noise_std": gaussian_std(clip, sigma)}
+    else:
+        facts["noise_scale"] = laplace_scale(clip, epsilon)
+    return {"ldp": facts}
 
 
 def _labels(folder: str) -> list[str] | None:

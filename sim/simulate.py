@@ -27,6 +27,7 @@ from rich.markup import escape
 
 from shared.client import CoordinatorClient
 from shared.local import free_port, wait_ready
+from shared.privacy import client_noise_seed
 from shared.spec import DEFAULT_MODEL, FederationSpec
 from sim.argv import WorkerPool
 from sim.baseline import run_baseline
@@ -360,6 +361,7 @@ def _client(i: int, fid: int, setup: dict[str, Any], seed: int, run: Run) -> Cli
         train_limit=setup.get("train_limit") or None,
         eval_limit=setup.get("eval_limit") or None,
         backdoor=backdoor,
+        ldp_seed=client_noise_seed(seed, i),  # reproducible LDP noise (production workers: OS entropy)
     )
 
 

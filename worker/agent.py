@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
-import numpy as np
 import structlog
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_never, wait_random_exponential
 
 from shared import wire
 from shared.client import ApiError, CoordinatorClient
 from shared.evalstats import confusion_metrics
-from shared.privacy import gaussian_ldp, gaussian_noise_multiplier, laplace_ldp
+from shared.privacy import gaussian_ldp, gaussian_noise_multiplier, laplace_ldp, ldp_rng
 from shared.spec import FederationSpec
 from worker.data import Example
 from worker.poison import Backdoor
@@ -99,6 +98,8 @@ class AgentConfig:
     num_threads: int | None = None
     eval_batch_size: int = 64
     backdoor: Backdoor | None = None
+    # LDP noise seed (simulations, for reproducible runs); None: OS entropy, the production default
+    ldp_seed: int | None = None
 
 
 class Agent:
@@ -393,8 +394,8 @@ class Agent:
                 metrics["local_asr"] = local.accuracy
             trained = backdoor.manipulate(trained, global_prompt)
         if privacy is not None:
-            # fresh OS entropy: noise derived from a seed the coordinator knows could be subtracted
-            rng = np.random.default_rng()
+            # OS entropy unless seeded (simulations): noise from a seed someone else knows could be subtracted
+            rng = ldp_rng(self.config.ldp_seed, self.status.round or 0)
             if privacy.mechanism == "gaussian":
                 assert privacy.delta is not None  # the spec refuses gaussian without delta
                 sigma = gaussian_noise_multiplier(privacy.epsilon, privacy.delta)

@@ -62,6 +62,9 @@ class ClientEntry(BaseModel):
     text_b_column: str | None = None
     labels: list[str] | None = None
     backdoor: BackdoorEntry | None = None
+    ldp_seed: int | None = Field(
+        None, ge=0, description="Seeds this client's LDP noise (simulations); none: OS entropy."
+    )
 
     def shard(self) -> ShardSpec:
         """The shard this client trains and evaluates on."""
@@ -214,6 +217,7 @@ def build_pool(config: PoolConfig, *, engine_factory: Any = None, transport: Any
             slots=config.slots,
             num_threads=config.threads,
             backdoor=backdoor,
+            ldp_seed=entry.ldp_seed,
         )
         agents.append(
             Agent(

@@ -171,6 +171,7 @@ def test_malicious_worker_reports_asr_boosts_and_applies_ldp_before_upload(tmp_p
     metrics = json.loads(meta["metrics"])
     assert metrics["local_asr"] == 1.0 and metrics["epsilon"] == 1e6
     # trained: global 1 + 3 steps = 4; boosted x2 around 1 → 7 (L1 of the update 48); clipped to L1 12 → 2.5
+    # (Laplace noise of scale 2 × 12 / 1e6)
     np.testing.assert_allclose(tensors["prompt_embeddings"], np.full((2, 4), 2.5), atol=1e-3)
 
 
@@ -220,7 +221,25 @@ def test_worker_applies_the_gaussian_mechanism_of_the_spec(tmp_path: Path) -> No
     sigma = gaussian_noise_multiplier(100.0, 0.1)
     assert metrics["epsilon"] == 100.0 and metrics["noise_multiplier"] == pytest.approx(sigma)
     # trained: 1 → 4 everywhere, an update of L2 norm 3·√8 clipped to √8 (1 per element) → 2, plus
-    # N(0, (σ·√8)²) noise per element (σ·√8 ≈ 0.22): within 5 standard deviations of 2
+    # N(0, (σ·2·√8)²) noise per element (sensitivity 2·√8; σ·2·√8 ≈ 0.44): within 5 standard deviations of 2
     out = tensors["prompt_embeddings"]
-    assert np.all(np.abs(out - 2.0) < 5 * sigma * 8**0.5)
+    assert np.all(np.abs(out - 2.0) < 5 * sigma * 2 * 8**0.5)
     assert not np.all(out == 2.0)  # noise was added
+
+
+def _ldp_upload(tmp_path: Path, ldp_seed: int | None) -> np.ndarray:
+    privacy = PrivacySpec(mechanism="laplace", epsilon=1.0, clip=8.0)
+    coordinator = _ScriptedCoordinator(SPEC.model_copy(update={"privacy": privacy}))
+    data = [Example(text=f"t{i}", label=i % 2) for i in range(4)]
+    _run_until_done(_agent(tmp_path, coordinator, data, ldp_seed=ldp_seed))
+    return wire.decode(coordinator.uploads[-1])[0]["prompt_embeddings"]
+
+
+def test_a_seeded_worker_adds_the_same_ldp_noise_on_every_run_and_an_unseeded_one_does_not(
+    tmp_path: Path,
+) -> None:
+    seeded = [_ldp_upload(tmp_path / f"s{i}", 42) for i in range(2)]
+    np.testing.assert_array_equal(seeded[0], seeded[1])  # a simulation's LDP cell can be reproduced
+    assert not np.array_equal(seeded[0], _ldp_upload(tmp_path / "other", 43))
+    fresh = [_ldp_upload(tmp_path / f"os{i}", None) for i in range(2)]  # production default: OS entropy
+    assert not np.array_equal(fresh[0], fresh[1])
