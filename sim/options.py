@@ -52,6 +52,7 @@ class SimulateOptions:
     malicious: int
     poison_rate: float
     target_label: int
+    measure_asr: bool
     trigger: str
     trigger_position: str
     attack: str

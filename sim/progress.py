@@ -10,7 +10,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from shared.client import CoordinatorClient
 from sim.results import round_records
 from sim.supervisor import Processes
-from sim.tables import console, row_table
+from sim.tables import console, has_asr, row_table
 
 # How long a closed round's row waits for every active client's evaluation before it is printed anyway.
 EVAL_GRACE_S = 300.0
@@ -24,6 +24,7 @@ def follow(
     total_rounds = int(spec["rounds"])
     printed: set[int] = set()
     header = True
+    asr: bool | None = None  # the ASR columns: decided by the first row that has evaluations, then kept
     closed_seen: dict[int, float] = {}
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -56,7 +57,9 @@ def follow(
                 closed_seen.setdefault(r, time.monotonic())
                 complete = record["eval_clients"] >= active
                 if r not in printed and (complete or time.monotonic() - closed_seen[r] > EVAL_GRACE_S):
-                    progress.console.print(row_table(record, header))
+                    if asr is None and record["eval_clients"] > 0:
+                        asr = has_asr(record)
+                    progress.console.print(row_table(record, header, asr))
                     header = False
                     printed.add(r)
             if status["state"] == "completed" and len(printed) >= total_rounds:

@@ -17,6 +17,10 @@ from shared.privacy import SENSITIVITY_FACTOR, gaussian_noise_multiplier, gaussi
 from shared.spec import FederationSpec
 from sim.plots import plot_accuracy, plot_asr
 
+# What a run without a backdoor (and without --measure-asr) leaves out: round fields, then run fields.
+ASR_ROUND_FIELDS = ("asr", "local_asr", "local_asr_clients")
+ASR_RUN_FIELDS = ("initial_asr", "final_asr")
+
 # The ledger's figures of the model, repeated on every round record and at the top of results.json.
 MODEL_LEDGER = ("params_communicated", "params_full_model", "comm_ratio")
 CSV_FIELDS = [
@@ -90,6 +94,19 @@ def round_records(rounds: list[dict[str, Any]], spec: dict[str, Any] | None = No
             }
         )
     return out
+
+
+def measured_asr(records: list[dict[str, Any]], initial: dict[str, Any] | None = None) -> bool:
+    """True when some client reported an ASR (global or local): a backdoor was configured, or the
+    operator asked for the clean-trigger measurement (--measure-asr)."""
+    return (initial or {}).get("asr") is not None or any(
+        r.get("asr") is not None or r.get("local_asr") is not None for r in records
+    )
+
+
+def without_asr(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The round records without their (empty) ASR fields."""
+    return [{k: v for k, v in r.items() if k not in ASR_ROUND_FIELDS} for r in records]
 
 
 def _mean(values: list[float]) -> float | None:
@@ -174,7 +191,10 @@ def write_results(
     wall: float,
     extra: dict[str, Any],
 ) -> dict[str, Any]:
-    """results.json, rounds.csv and accuracy.png (asr.png too when there is an ASR) in `out`."""
+    """results.json, rounds.csv and accuracy.png (asr.png too when there is an ASR) in `out`. A run in
+    which no client measured the ASR has no ASR field in results.json nor column in rounds.csv."""
+    asr = measured_asr(records, initial)
+    records = records if asr else without_asr(records)
     results = {
         "spec": spec,
         "rounds": records,
@@ -187,16 +207,19 @@ def write_results(
         "wall_seconds": wall,
         **extra,
     }
+    if not asr:
+        results = {k: v for k, v in results.items() if k not in ASR_RUN_FIELDS}
     (out / "results.json").write_text(json.dumps(results, indent=2))
     per_class = per_class_columns(results.get("labels"), records)
     with open(out / "rounds.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS + list(per_class), extrasaction="ignore")
+        fields = [f for f in CSV_FIELDS if asr or f not in ASR_ROUND_FIELDS]
+        writer = csv.DictWriter(fh, fieldnames=fields + list(per_class), extrasaction="ignore")
         writer.writeheader()
         for record in records:
             accuracies = record.get("per_class_accuracy") or []
             columns = {c: accuracies[i] if i < len(accuracies) else None for c, i in per_class.items()}
             writer.writerow(record | columns)
     plot_accuracy(out / "accuracy.png", results)
-    if results["initial_asr"] is not None or any(r.get("asr") is not None for r in records):
+    if asr:
         plot_asr(out / "asr.png", results)
     return results

@@ -109,8 +109,16 @@ def simulate_command(
         float, typer.Option(min=0.0, max=1.0, help="Share of a malicious client's data poisoned (paper: 1).")
     ] = 1.0,
     target_label: Annotated[
-        int, typer.Option(min=0, help="Backdoor target label; every client reports the ASR towards it.")
+        int, typer.Option(min=0, help="Backdoor target label (the ASR's, with --malicious or --measure-asr).")
     ] = 0,
+    measure_asr: Annotated[
+        bool,
+        typer.Option(
+            "--measure-asr",
+            help="Measure the ASR (triggered non-target test examples called the target) without a backdoor: "
+            "the clean-trigger reference (a federation with --malicious measures it anyway).",
+        ),
+    ] = False,
     trigger: Annotated[str, typer.Option(help="Comma-separated trigger words.")] = "cf,mn,bb,tq",
     trigger_position: Annotated[str, typer.Option(help="random | start | end")] = "random",
     attack: Annotated[
@@ -330,6 +338,7 @@ def _create_federation(
             "trigger": opts.trigger,
             "trigger_position": opts.trigger_position,
             "attack": opts.attack,
+            "measure_asr": opts.measure_asr,
         },
         "init_prompt": str(opts.init_prompt) if opts.init_prompt else None,
     }
@@ -342,7 +351,9 @@ def _client(i: int, fid: int, setup: dict[str, Any], seed: int, run: Run) -> Cli
     door = setup.get("backdoor") or {}
     malicious = bool(door) and i < int(door["malicious"])
     backdoor = None
-    if door and (door.get("target_label") is not None):
+    # the ASR only where it means something: a backdoor in the federation, or asked for (--measure-asr)
+    attacked = bool(door) and (int(door["malicious"]) > 0 or bool(door.get("measure_asr")))
+    if attacked and door.get("target_label") is not None:
         backdoor = BackdoorEntry(
             target_label=int(door["target_label"]),
             trigger=door["trigger"],

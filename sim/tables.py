@@ -38,13 +38,25 @@ def fmt(v: Any, pct: bool = False) -> str:
     return f"{100 * v:.1f}" if pct else (f"{v:.4f}" if isinstance(v, float) else str(v))
 
 
-def row_table(record: dict[str, Any], header: bool) -> Table:
-    """One round record as a one-row table (with the column names above it when `header`)."""
+ASR_COLUMNS = ("ASR %", "local ASR %")
+
+
+def has_asr(record: dict[str, Any]) -> bool:
+    """Whether a round record carries an ASR (global or a malicious client's local one)."""
+    return record.get("asr") is not None or record.get("local_asr") is not None
+
+
+def row_table(record: dict[str, Any], header: bool, asr: bool | None = None) -> Table:
+    """One round record as a one-row table (with the column names above it when `header`). The ASR
+    columns only when `asr` (default: when the record has one): a federation without a backdoor
+    (and without --measure-asr) measures none, and a column of dashes would read as an attack."""
+    asr = has_asr(record) if asr is None else asr
     table = Table(show_header=header, box=None, pad_edge=False)
     for col, width in COLUMNS:
-        table.add_column(col, width=width, justify="right")
+        if asr or col not in ASR_COLUMNS:
+            table.add_column(col, width=width, justify="right")
     eps = record.get("epsilon_cumulative")
-    table.add_row(
+    cells = [
         str(record["round"]),
         str(record["participants"]),
         fmt(record["accuracy"], pct=True),
@@ -54,11 +66,11 @@ def row_table(record: dict[str, Any], header: bool) -> Table:
         f"{record['bytes_up'] / 1024:.1f} KiB",
         f"{record['bytes_down'] / 1024:.1f} KiB",
         f"{record['seconds']:.1f}" if record["seconds"] is not None else "-",
-        fmt(record.get("asr"), pct=True),
-        fmt(record.get("local_asr"), pct=True),
+        *([fmt(record.get("asr"), pct=True), fmt(record.get("local_asr"), pct=True)] if asr else []),
         f"{eps:g}" if eps is not None else "-",
         params_text(record),
-    )
+    ]
+    table.add_row(*cells)
     return table
 
 

@@ -83,6 +83,28 @@ def test_malicious_clients_get_the_poisoning_and_honest_ones_only_the_asr_target
     assert good.backdoor.target_label == 1 and good.backdoor.trigger_position == "start"
 
 
+def test_a_clean_federation_measures_no_asr_unless_asked_and_every_client_gets_its_own_ldp_seed(
+    tmp_path: Path,
+) -> None:
+    door = {
+        "malicious": 0,
+        "poison_rate": 1.0,
+        "target_label": 0,
+        "trigger": "cf",
+        "trigger_position": "random",
+    }
+    setup = {"dataset": "sst2", "partition": "iid", "clients": 3, "backdoor": door | {"attack": "none"}}
+
+    clean = [_client(i, 1, setup, 5, _run(tmp_path)) for i in range(3)]
+    asked = _client(0, 1, setup | {"backdoor": setup["backdoor"] | {"measure_asr": True}}, 5, _run(tmp_path))
+
+    assert all(c.backdoor is None for c in clean)  # no backdoor configured: no ASR anywhere
+    assert asked.backdoor is not None and asked.backdoor.poison_rate == 0.0  # --measure-asr: clean triggers
+    assert len({c.ldp_seed for c in clean}) == 3  # reproducible noise, different per client
+    assert _client(1, 1, setup, 5, _run(tmp_path)).ldp_seed == clean[1].ldp_seed
+    assert _client(1, 1, setup, 6, _run(tmp_path)).ldp_seed != clean[1].ldp_seed
+
+
 def test_pool_files_are_private_and_read_back_by_the_worker(tmp_path: Path) -> None:
     setup = {"dataset": "sst2", "partition": "iid", "clients": 2, "backdoor": {}}
     members = [_client(i, 5, setup, 0, _run(tmp_path)) for i in range(2)]

@@ -13,8 +13,9 @@ import pytest
 from coordinator.logic.ledger import ledger
 from shared.spec import FederationSpec
 from sim.options import SimulateOptions, parse_aggregation, privacy_spec
-from sim.results import round_records, write_results
+from sim.results import ldp_facts, round_records, write_results
 from sim.simulate import simulate_command
+from sim.tables import row_table
 from tests.helpers import SMALL_SPEC
 
 SPEC = FederationSpec.model_validate({**SMALL_SPEC, "params_full_model": 1_000}).model_dump(mode="json")
@@ -77,3 +78,52 @@ def test_write_results_writes_json_csv_and_the_accuracy_figure(tmp_path: Path) -
     assert json.loads((tmp_path / "results.json").read_text())["initial_accuracy"] == 0.4
     assert (tmp_path / "rounds.csv").read_text().splitlines()[0].startswith("round,participants,accuracy")
     assert (tmp_path / "accuracy.png").stat().st_size > 0 and not (tmp_path / "asr.png").exists()
+
+
+def _columns(record: dict[str, Any], **kw: Any) -> list[str]:
+    return [str(c.header) for c in row_table(record, True, **kw).columns]
+
+
+def test_a_run_without_a_backdoor_has_no_asr_in_results_csv_or_table(tmp_path: Path) -> None:
+    records = round_records([_round(1), _round(2)], SPEC)
+    results = write_results(tmp_path, SPEC, records, {"accuracy": 0.4}, 12.0, {"clients": 3})
+
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert "final_asr" not in saved and "initial_asr" not in saved and "final_asr" not in results
+    assert all("asr" not in r and "local_asr" not in r for r in saved["rounds"])
+    assert "asr" not in (tmp_path / "rounds.csv").read_text().splitlines()[0].split(",")
+    assert "ASR %" not in _columns(saved["rounds"][0]) and "local ASR %" not in _columns(saved["rounds"][0])
+
+
+def test_a_run_that_measured_the_asr_keeps_it_everywhere(tmp_path: Path) -> None:
+    rounds = [_round(1), _round(2)]
+    for r in rounds:
+        r["evaluation"]["asr"] = 0.25
+    records = round_records(rounds, SPEC)
+    write_results(tmp_path, SPEC, records, {"accuracy": 0.4, "asr": 0.1}, 12.0, {"clients": 3})
+
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["initial_asr"] == 0.1 and saved["final_asr"] == 0.25
+    assert saved["rounds"][0]["asr"] == 0.25
+    assert {"asr", "local_asr"} <= set((tmp_path / "rounds.csv").read_text().splitlines()[0].split(","))
+    assert (tmp_path / "asr.png").exists()
+    assert {"ASR %", "local ASR %"} <= set(_columns(saved["rounds"][0]))
+    assert "ASR %" in _columns({**saved["rounds"][0], "asr": None}, asr=True)  # kept for the whole run
+
+
+def test_results_state_the_ldp_calibration() -> None:
+    assert ldp_facts(SPEC) == {}
+    laplace = {**SPEC, "privacy": {"mechanism": "laplace", "epsilon": 2.0, "delta": None, "clip": 10.0}}
+    assert ldp_facts(laplace)["ldp"] == {
+        "mechanism": "laplace",
+        "epsilon": 2.0,
+        "delta": None,
+        "clip": 10.0,
+        "sensitivity": 20.0,
+        "noise_scale": 10.0,
+    }
+    gaussian = {**SPEC, "privacy": {"mechanism": "gaussian", "epsilon": 1.0, "delta": 1e-5, "clip": 3.0}}
+    facts = ldp_facts(gaussian)["ldp"]
+    assert facts["sensitivity"] == 6.0 and facts["noise_std"] == pytest.approx(
+        6.0 * facts["noise_multiplier"]
+    )

@@ -151,6 +151,8 @@
       var el = $("chart-" + name);
       var s = data.series;
       var mode = def.empty ? "empty" : s.version.length ? "plot" : "nodata";
+      var figure = el.closest("figure");
+      if (figure) figure.hidden = mode === "empty";  // no ASR reported (no backdoor): no ASR chart
       var prev = charts[name];
       if (prev && prev.mode !== mode) { if (prev.plot) prev.plot.destroy(); prev = null; }
       if (mode !== "plot") {
