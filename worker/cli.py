@@ -10,6 +10,15 @@ from typing import Annotated
 import typer
 
 from shared.logs import LogFormatOption
+from worker.data.help import (
+    DATA_HELP,
+    LABEL_COLUMN_HELP,
+    LABELS_HELP,
+    TEST_DATA_HELP,
+    TEXT_B_COLUMN_HELP,
+    TEXT_COLUMN_HELP,
+)
+from worker.reach import DEFAULT_GIVE_UP_AFTER
 
 app = typer.Typer(
     help="fedprompt worker: trains a soft prompt locally against a frozen PLM.", no_args_is_help=True
@@ -20,12 +29,7 @@ app = typer.Typer(
 def serve(
     coordinator: Annotated[str, typer.Option(envvar="FEDPROMPT_COORDINATOR", help="Coordinator base URL.")],
     federation: Annotated[int, typer.Option(envvar="FEDPROMPT_FEDERATION", help="Federation id.")],
-    data: Annotated[
-        str,
-        typer.Option(
-            envvar="FEDPROMPT_DATA", help="Data set name (shared/datasets), folder, or CSV/TSV/JSONL file."
-        ),
-    ],
+    data: Annotated[str, typer.Option("--data", "--dataset", envvar="FEDPROMPT_DATA", help=DATA_HELP)],
     enrollment_token: Annotated[
         str | None, typer.Option(envvar="FEDPROMPT_ENROLLMENT_TOKEN", help="Needed only for the first start.")
     ] = None,
@@ -75,10 +79,11 @@ def serve(
         float | None,
         typer.Option(help="Hold out this fraction of the shard for evaluation (default: test split)."),
     ] = None,
-    text_column: Annotated[str, typer.Option(help="Text column of a CSV/TSV/JSONL file.")] = "text",
-    label_column: Annotated[str, typer.Option(help="Label column of a CSV/TSV/JSONL file.")] = "label",
-    text_b_column: Annotated[str | None, typer.Option(help="Second text column (sentence pairs).")] = None,
-    labels: Annotated[str | None, typer.Option(help="Comma-separated label names, in id order.")] = None,
+    test_data: Annotated[str | None, typer.Option(envvar="FEDPROMPT_TEST_DATA", help=TEST_DATA_HELP)] = None,
+    text_column: Annotated[str, typer.Option(help=TEXT_COLUMN_HELP)] = "text",
+    label_column: Annotated[str, typer.Option(help=LABEL_COLUMN_HELP)] = "label",
+    text_b_column: Annotated[str | None, typer.Option(help=TEXT_B_COLUMN_HELP)] = None,
+    labels: Annotated[str | None, typer.Option(help=LABELS_HELP)] = None,
     device: Annotated[
         str, typer.Option(envvar="FEDPROMPT_DEVICE", help="auto (CUDA when available) | cpu | cuda.")
     ] = "auto",
@@ -86,6 +91,15 @@ def serve(
         int | None, typer.Option(envvar="FEDPROMPT_THREADS", min=1, help="CPU threads for torch.")
     ] = None,
     poll_wait: Annotated[float, typer.Option(help="Long-poll seconds per task request.")] = 20.0,
+    give_up_after: Annotated[
+        float,
+        typer.Option(
+            envvar="FEDPROMPT_GIVE_UP_AFTER",
+            min=1.0,
+            help="Exit (code 1, one line) when the coordinator stays unreachable this many seconds; "
+            "meanwhile retry with backoff.",
+        ),
+    ] = DEFAULT_GIVE_UP_AFTER,
     slots_dir: Annotated[
         Path | None, typer.Option(help="Shared lock folder limiting concurrent training.")
     ] = None,
@@ -124,9 +138,10 @@ def serve(
 
     from worker.agent import Agent, AgentConfig
     from worker.app import WorkerMetrics, create_app
-    from worker.data import DataError
+    from worker.data import DataError, parse_labels
     from worker.poison import backdoor_from_options
-    from worker.pool import Pool
+    from worker.pool import Pool, SharedEngine
+    from worker.reach import Unreachable, wait_reachable
     from worker.shards import ShardSpec, load_shard
 
     if enrollment_token_file is not None:
@@ -146,6 +161,7 @@ def serve(
         train, evaluation, full = load_shard(
             ShardSpec(
                 data=data,
+                test_data=test_data,
                 partition=partition,
                 num_partitions=num_partitions,
                 partition_id=partition_id,
@@ -156,7 +172,7 @@ def serve(
                 text_column=text_column,
                 label_column=label_column,
                 text_b_column=text_b_column,
-                label_names=tuple(x.strip() for x in labels.split(",")) if labels else None,
+                label_names=parse_labels(labels),
             )
         )
         backdoor = backdoor_from_options(
@@ -181,10 +197,31 @@ def serve(
         ),
         train,
         evaluation,
+        # a client restarted after an outage finds its model already loaded
+        engine_factory=SharedEngine(),
     )
-    uvicorn.run(
-        create_app(Pool([agent]), WorkerMetrics()), host=host, port=port, log_level="warning", log_config=None
+    try:
+        wait_reachable(coordinator, give_up_after)
+    except Unreachable as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    fatal: list[str] = []
+    server: uvicorn.Server | None = None
+
+    def on_fatal(message: str) -> None:
+        fatal.append(message)
+        if server is not None:
+            server.should_exit = True
+
+    pool = Pool([agent], give_up_after=give_up_after, on_fatal=on_fatal)
+    config = uvicorn.Config(
+        create_app(pool, WorkerMetrics()), host=host, port=port, log_level="warning", log_config=None
     )
+    server = uvicorn.Server(config)
+    server.run()
+    if fatal:
+        typer.echo(f"error: {fatal[0]}", err=True)
+        raise typer.Exit(1)
 
 
 @app.command()

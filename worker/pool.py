@@ -15,15 +15,18 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.spec import FederationSpec
-from worker.agent import Agent, AgentConfig, load_engine
+from worker.agent import Agent, AgentConfig, FatalWorkerError, is_transient, load_engine
 from worker.data import DataError
 from worker.poison import backdoor_from_options
+from worker.reach import backoff, describe, unreachable_message
 from worker.shards import ShardSpec, load_shards
 
 log = logging.getLogger("fedprompt.worker")
@@ -50,6 +53,7 @@ class ClientEntry(BaseModel):
     state_dir: Path
     enrollment_token: str | None = None
     data: str
+    test_data: str | None = None
     partition: str = "iid"
     num_partitions: int = Field(1, ge=1)
     partition_id: int = Field(0, ge=0)
@@ -70,6 +74,7 @@ class ClientEntry(BaseModel):
         """The shard this client trains and evaluates on."""
         return ShardSpec(
             data=self.data,
+            test_data=self.test_data,
             partition=self.partition,
             num_partitions=self.num_partitions,
             partition_id=self.partition_id,
@@ -144,25 +149,42 @@ class SharedEngine:
 
 
 class Pool:
-    """The agents of one process; `run()` starts one thread per client and blocks until all stop."""
+    """The agents of one process; `run()` starts one thread per client and blocks until all stop.
 
-    def __init__(self, agents: list[Agent]) -> None:
+    With `give_up_after`, a client whose coordinator stops answering is restarted with backoff until it
+    has been unreachable that many seconds; then, or on any other error that ends a client, `on_fatal`
+    gets one line (`fedprompt-worker serve` ends the process with it)."""
+
+    def __init__(
+        self,
+        agents: list[Agent],
+        *,
+        give_up_after: float | None = None,
+        on_fatal: Callable[[str], None] | None = None,
+    ) -> None:
         if not agents:
             raise ValueError("a pool needs at least one client")
         self.agents = agents
+        self.give_up_after = give_up_after
+        self.on_fatal = on_fatal
+        self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
         """Start every client's loop in its own thread."""
         for agent in self.agents:
             thread = threading.Thread(
-                target=_run_agent, args=(agent,), name=f"client-{agent.config.name}", daemon=True
+                target=_run_agent,
+                args=(agent, self.give_up_after, self.on_fatal, self._stopping),
+                name=f"client-{agent.config.name}",
+                daemon=True,
             )
             thread.start()
             self._threads.append(thread)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop every client and wait for their threads."""
+        self._stopping.set()
         for agent in self.agents:
             agent.stop()
         for thread in self._threads:
@@ -177,12 +199,61 @@ class Pool:
         return [{"name": a.config.name, **a.status.as_dict()} for a in self.agents]
 
 
-def _run_agent(agent: Agent) -> None:
-    try:
-        agent.run()
-    except Exception:  # reported on /status; the service (and the pool's other clients) stay up
-        log.exception("worker agent %s stopped with an error", agent.config.name)
-        agent.status.state = "error"
+def _progress(agent: Agent) -> tuple[Any, ...]:
+    """What a client has achieved so far (an attempt that changed it ends an outage)."""
+    status = agent.status
+    return status.client_id, len(status.versions_evaluated), len(status.rounds_trained)
+
+
+def _run_agent(
+    agent: Agent,
+    give_up_after: float | None = None,
+    on_fatal: Callable[[str], None] | None = None,
+    stopping: threading.Event | None = None,
+) -> None:
+    stopping = stopping or threading.Event()
+    outage_since: float | None = None
+    attempt = 0
+    while True:
+        started, before = time.monotonic(), _progress(agent)
+        try:
+            agent.run()
+            return
+        except Exception as exc:
+            transient = give_up_after is not None and is_transient(exc) and not agent.stopping
+            if not transient:
+                if on_fatal is None or not (isinstance(exc, FatalWorkerError) or is_transient(exc)):
+                    # reported on /status; without on_fatal the service (and the other clients) stay up
+                    log.exception("worker agent %s stopped with an error", agent.config.name)
+                agent.status.state = "error"
+                if on_fatal is not None:
+                    on_fatal(str(exc) if isinstance(exc, FatalWorkerError) else describe(exc))
+                return
+            last = describe(exc)
+        assert give_up_after is not None
+        if _progress(agent) != before:
+            outage_since, attempt = None, 0
+        outage_since = started if outage_since is None else outage_since
+        down = time.monotonic() - outage_since
+        if down >= give_up_after:
+            agent.status.state = "error"
+            message = unreachable_message(agent.config.coordinator, down, last)
+            log.error("%s", message)
+            if on_fatal is not None:
+                on_fatal(message)
+            return
+        attempt += 1
+        pause = min(backoff(attempt), give_up_after - down)
+        log.warning(
+            "coordinator %s unreachable (%s); restarting client %s in %.0f s, giving up in %.0f s",
+            agent.config.coordinator,
+            last,
+            agent.config.name,
+            pause,
+            give_up_after - down,
+        )
+        if stopping.wait(pause):
+            return
 
 
 def build_pool(config: PoolConfig, *, engine_factory: Any = None, transport: Any = None) -> Pool:
