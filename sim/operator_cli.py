@@ -1,4 +1,4 @@
-"""fedprompt: the operator's CLI over the coordinator's REST API (and `simulate`, `experiment`).
+"""fedprompt: the operator's CLI over the coordinator's REST API (and `simulate`, `experiment`, `data`).
 
 What it prints is in operator_views.py; `simulate` and `experiment` are registered where the worker
 extra (torch) is installed."""
@@ -432,7 +432,14 @@ def _register_simulate() -> None:
     app.add_typer(experiment_app, name="experiment")
 
 
+def _register_data() -> None:
+    from sim.data_cli import data_app
+
+    app.add_typer(data_app, name="data")
+
+
 def main() -> None:
     """Console entry point."""
     _register_simulate()
+    _register_data()
     app()
