@@ -105,6 +105,7 @@ def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
         request_limit=settings.max_request_bytes,
         upload_limit=settings.max_upload_bytes,
         body_timeout_s=settings.body_timeout_s,
+        in_flight_per_address=settings.max_request_bytes_in_flight_per_address,
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(RequestContextMiddleware)

@@ -88,6 +88,12 @@ class Settings(BaseSettings):
         description="Open connections (and requests in progress) past which uvicorn answers 503 "
         "(its limit_concurrency); none: no limit. Keep it under the process's file descriptor limit.",
     )
+    max_request_bytes_in_flight_per_address: int = Field(
+        8 * 1024 * 1024,
+        ge=1024,
+        description="Bytes of JSON and form bodies one address has in flight at once (they are read "
+        "before any token is checked); a body that would pass it is answered 429.",
+    )
     max_uploads_per_client: int = Field(
         2,
         ge=1,

@@ -1,11 +1,13 @@
-"""Per-client caps on uploads in progress and on the bytes they hold (pure logic, no I/O).
+"""Per-holder caps on request bodies in progress and on the bytes they hold (pure logic, no I/O).
 
 An upload's body is held in memory from its first byte until the database has it. Without a cap,
 one client could open 40 uploads and stop each one byte short of the limit: 600 MB held. Here a
 holder (a client id, or "admin" for the initial prompt) may have at most ``max_uploads`` uploads in
 progress and ``max_bytes`` bytes in them; past either, the upload is refused with 429 and
 Retry-After before more of its body is read (the body's deadline, FEDPROMPT_BODY_TIMEOUT_S, ends
-the ones that stall). One gate per process, used from the event loop only.
+the ones that stall). The same gate, keyed by address, bounds the JSON bodies one address has in
+flight: FastAPI reads those before any token is checked. One gate of each per process, used from
+the event loop only.
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ class Ticket:
         held = self.gate._held[self.holder]
         if held.bytes + n > self.gate.max_bytes:
             raise RateLimited(
-                f"{_who(self.holder)} has {held.bytes + n} bytes of uploads in progress, over this "
-                f"coordinator's {self.gate.max_bytes} (FEDPROMPT_MAX_UPLOAD_BYTES_IN_FLIGHT_PER_CLIENT); "
-                f"retry when the others are done",
+                f"{_who(self.holder)} has {held.bytes + n} bytes of {self.gate.what} in progress, over "
+                f"this coordinator's {self.gate.max_bytes} ({self.gate.bytes_knob}); retry when the "
+                f"others are done",
                 retry_after=RETRY_AFTER_S,
             )
         held.bytes += n
@@ -67,9 +69,18 @@ class Ticket:
 class UploadGate:
     """At most `max_uploads` uploads and `max_bytes` bytes in progress per holder."""
 
-    def __init__(self, max_uploads: int, max_bytes: int) -> None:
+    def __init__(
+        self,
+        max_uploads: int,
+        max_bytes: int,
+        *,
+        what: str = "uploads",
+        count_knob: str = "FEDPROMPT_MAX_UPLOADS_PER_CLIENT",
+        bytes_knob: str = "FEDPROMPT_MAX_UPLOAD_BYTES_IN_FLIGHT_PER_CLIENT",
+    ) -> None:
         self.max_uploads = max_uploads
         self.max_bytes = max_bytes
+        self.what, self.count_knob, self.bytes_knob = what, count_knob, bytes_knob
         self._held: dict[Hashable, _Held] = {}
 
     def open(self, holder: Hashable, declared: int | None = None) -> Ticket:
@@ -77,8 +88,8 @@ class UploadGate:
         held = self._held.get(holder, _Held())
         if held.uploads >= self.max_uploads:
             raise RateLimited(
-                f"{_who(holder)} has {held.uploads} uploads in progress, this coordinator's limit "
-                f"(FEDPROMPT_MAX_UPLOADS_PER_CLIENT); retry when they are done",
+                f"{_who(holder)} has {held.uploads} {self.what} in progress, this coordinator's limit "
+                f"({self.count_knob}); retry when they are done",
                 retry_after=RETRY_AFTER_S,
             )
         held.uploads += 1
@@ -99,4 +110,8 @@ class UploadGate:
 
 
 def _who(holder: Hashable) -> str:
-    return f"client {holder}" if isinstance(holder, int) else str(holder)
+    if isinstance(holder, int):
+        return f"client {holder}"
+    if isinstance(holder, tuple) and holder[:1] == ("address",):
+        return "this address"
+    return str(holder)

@@ -59,8 +59,13 @@ def loads(
     what: str = "JSON",
     max_depth: int = MAX_DEPTH,
     max_number_chars: int = MAX_NUMBER_CHARS,
+    integral_floats_as_int: bool = False,
 ) -> Any:
-    """Parse JSON within the limits, or raise JSONLimitError naming `what` was refused and why."""
+    """Parse JSON within the limits, or raise JSONLimitError naming `what` was refused and why.
+
+    `integral_floats_as_int`: read ``5.0`` (or ``5e0``) as the integer 5, as JSON Schema does (its
+    ``integer`` is any number without a fraction), so that a strict model takes it where it takes 5
+    (exactly representable values only: at most 2**53)."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
     if raw.count(b"[") + raw.count(b"{") > max_depth:  # cheap test first: few brackets, no deep nesting
         depth = nesting_depth(raw)
@@ -76,6 +81,8 @@ def loads(
             value = kind(token)
             if kind is float and not math.isfinite(value):
                 raise JSONLimitError(f"{what} has a number too large for a 64-bit float ({token[:20]}…)")
+            if integral_floats_as_int and kind is float and value.is_integer() and abs(value) <= 2**53:
+                return int(value)
             return value
 
         return parse

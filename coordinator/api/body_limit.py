@@ -8,6 +8,12 @@ be up to FEDPROMPT_MAX_UPLOAD_BYTES; every other body up to FEDPROMPT_MAX_REQUES
 A body must also arrive whole within FEDPROMPT_BODY_TIMEOUT_S of the route's first read of it: a
 client that stalls or trickles is answered 408 with ``Connection: close``, so the server closes the
 connection and frees what it held (uvicorn's own timeouts do not cover a body in progress).
+
+Every other body (JSON, the login form) counts towards its address's bytes in flight, at most
+FEDPROMPT_MAX_REQUEST_BYTES_IN_FLIGHT_PER_ADDRESS: FastAPI reads such a body before the route checks
+any token, so without this one address could make the coordinator hold a body per connection.
+Past it, 429 with Retry-After. Uploads are read only after their client's token is checked, and
+are capped per client by the route (inflight.py).
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ import re
 import anyio
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from coordinator.inflight import Ticket, UploadGate
+from coordinator.ratelimit import RateLimited
 
 UPLOAD_PATH = re.compile(r"^/api/v1/federations/[^/]+/(?:rounds/[^/]+/update|prompts/0)/?$")
 
@@ -31,12 +40,29 @@ class BodyLimitMiddleware:
     """Refuse request bodies over the limit of their route (413 problem+json)."""
 
     def __init__(
-        self, app: ASGIApp, *, request_limit: int, upload_limit: int, body_timeout_s: float = 60.0
+        self,
+        app: ASGIApp,
+        *,
+        request_limit: int,
+        upload_limit: int,
+        body_timeout_s: float = 60.0,
+        in_flight_per_address: int | None = None,
     ) -> None:
         self.app = app
         self.request_limit = request_limit
         self.upload_limit = upload_limit
         self.body_timeout_s = body_timeout_s
+        self.per_address = (
+            None
+            if in_flight_per_address is None
+            else UploadGate(
+                2**31,
+                in_flight_per_address,
+                what="request bodies",
+                count_knob="-",
+                bytes_knob="FEDPROMPT_MAX_REQUEST_BYTES_IN_FLIGHT_PER_ADDRESS",
+            )
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -48,6 +74,10 @@ class BodyLimitMiddleware:
         received = 0
         deadline: float | None = None
         complete = False
+        ticket: Ticket | None = None
+        if self.per_address is not None and not upload:
+            client = scope.get("client")
+            ticket = self.per_address.open(("address", client[0] if client else "unknown"))
 
         async def limited_receive() -> Message:
             # Raised inside the route's body read, so the app's handler answers 413 problem+json and
@@ -72,10 +102,19 @@ class BodyLimitMiddleware:
                 received += len(message.get("body", b""))
                 if received > limit:
                     raise HTTPException(413, _too_large(None, limit, upload))
+                if ticket is not None and received > ticket.bytes:
+                    try:
+                        ticket.add(received - ticket.bytes)
+                    except RateLimited as exc:  # an HTTPException: FastAPI's body read passes it on
+                        raise HTTPException(429, exc.detail, headers=exc.headers) from None
                 complete = not message.get("more_body", False)
             return message
 
-        await self.app(scope, limited_receive, send)
+        try:
+            await self.app(scope, limited_receive, send)
+        finally:
+            if ticket is not None:
+                ticket.close()
 
 
 def _content_length(scope: Scope) -> int | None:

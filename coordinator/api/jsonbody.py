@@ -4,7 +4,10 @@ FastAPI parses a JSON body with ``await request.json()``; the routers of this AP
 ``BoundedJSONRoute``, whose requests parse it with ``jsonlimits.loads`` instead: a body nested
 deeper than 64 levels, a number longer than 400 characters, a non-finite number or a lone
 surrogate is answered 400 problem+json before any model sees it (not a ``RecursionError`` or a
-database error later); a body that is not JSON at all is answered 422 as FastAPI does.
+database error later); a body that is not JSON at all is answered 422 as FastAPI does. A number
+without a fraction is read as an integer whichever way it is written (``5.0`` is 5, as in JSON
+Schema), so the request models can be strict (``true`` is not 1, ``"5"`` is not 5) and still take
+every number their schema calls an integer.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ class BoundedJSONRequest(Request):
         if not hasattr(self, "_json"):
             body = await self.body()
             try:
-                self._json = jsonlimits.loads(body, what="the request body")
+                self._json = jsonlimits.loads(body, what="the request body", integral_floats_as_int=True)
             except jsonlimits.JSONSyntaxError as exc:
                 raise exc.decode_error from None  # FastAPI answers it as before (422 json_invalid)
             except jsonlimits.JSONLimitError as exc:

@@ -167,3 +167,35 @@ def test_stalled_uploads_and_slow_connections_are_cut_off_and_memory_returns(tmp
     assert watch.peak_rss - baseline < MEMORY_PEAK
     assert after - baseline < MEMORY_AFTER
     assert '"level": "error"' not in log
+
+
+def _stalled_json(port: int, results: list[tuple[int | None, bool, float]]) -> None:
+    start = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        head = (
+            "POST /api/v1/federations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a-guess\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {MiB}\r\n\r\n"
+        )
+        with contextlib.suppress(OSError):
+            sock.sendall(head.encode() + b" " * (MiB - 1))
+        status, closed = _answer(sock)
+    results.append((status, closed, time.monotonic() - start))
+
+
+def test_json_bodies_an_address_holds_before_any_token_check_are_capped(tmp_path: Path) -> None:
+    # FastAPI reads a JSON body before the route checks the token: without a cap per address, each
+    # connection of an unauthenticated client could hold a 1 MiB body until the body deadline.
+    env = {**ENV, "FEDPROMPT_MAX_REQUEST_BYTES_IN_FLIGHT_PER_ADDRESS": str(2 * MiB)}
+    with serve(f"sqlite:///{tmp_path / 'x.db'}", tmp_path, env) as server:
+        results: list[tuple[int | None, bool, float]] = []
+        threads = [threading.Thread(target=_stalled_json, args=(server.port, results)) for _ in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        healthy = httpx.get(f"{server.url}/healthz")
+    statuses = sorted(s for s, _, _ in results)
+    assert len(results) == 10 and set(statuses) <= {408, 429} and statuses.count(408) <= 2, statuses
+    assert statuses.count(429) >= 8
+    assert all(closed for _, closed, _ in results) and max(t for _, _, t in results) < BODY_TIMEOUT_S + 5
+    assert healthy.status_code == 200
