@@ -113,6 +113,12 @@ def warm_start_options(config: ExperimentConfig, cell: Cell) -> dict[str, Any]:
     ws, opt = config.warm_start, cell.options
     keep = (
         "dataset",
+        # a file's columns and labels, so the warm start reads it as the cells do
+        "test_data",
+        "text_column",
+        "text_b_column",
+        "label_column",
+        "labels",
         "model",
         "num_virtual_tokens",
         "max_length",
@@ -140,7 +146,9 @@ def warm_start_options(config: ExperimentConfig, cell: Cell) -> dict[str, Any]:
 
 def _key(options: dict[str, Any]) -> str:
     text = json.dumps(options, sort_keys=True, default=str)
-    name = f"{options.get('dataset', 'data')}-{options.get('num_virtual_tokens', 20)}tok-{options['local_steps']}steps"
+    # a file's name, not its path
+    data = Path(str(options.get("dataset", "data"))).name.split(".")[0] or "data"
+    name = f"{data}-{options.get('num_virtual_tokens', 20)}tok-{options['local_steps']}steps"
     return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
 
 

@@ -116,3 +116,28 @@ def test_a_missing_packed_name_is_one_line_with_the_ways_to_get_it(
 def test_a_missing_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="no such file"):
         resolve_data(_opts(tmp_path, dataset=str(tmp_path / "absent.csv")), tmp_path / "run")
+
+
+def test_an_experiment_cell_on_a_file_passes_its_columns_to_simulate_and_the_warm_start() -> None:
+    from sim.experiments.config import ExperimentConfig, expand
+    from sim.experiments.runner import _key, simulate_options, unsupported, warm_start_options
+
+    config = ExperimentConfig.model_validate(
+        {
+            "name": "own",
+            "title": "own data",
+            "base": {"dataset": "data/reviews.csv", "text_column": "sentence", "label_column": "sentiment",
+                     "labels": ["negative", "positive"], "local_steps": 5},
+            "grid": {"partition": ["iid", "label:0.5"]},
+            "warm_start": {"steps": 10},
+        }
+    )  # fmt: skip
+    cell = expand(config)[0]
+
+    assert unsupported(cell.options, simulate_options()) == {}
+    warm = warm_start_options(config, cell)
+    assert {k: warm[k] for k in ("dataset", "text_column", "label_column", "labels")} == {
+        "dataset": "data/reviews.csv", "text_column": "sentence", "label_column": "sentiment",
+        "labels": ["negative", "positive"],
+    }  # fmt: skip
+    assert _key(warm).startswith("reviews-20tok-10steps-")
