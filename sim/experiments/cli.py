@@ -35,7 +35,13 @@ def run_command(
     starting prompt: a grid run in parts on different machines resumes where the last `report` left
     it."""
     from sim.experiments.config import ConfigError, expand, load_config
-    from sim.experiments.runner import committed_cells, committed_match, is_complete, run_experiment
+    from sim.experiments.runner import (
+        committed_cells,
+        committed_match,
+        is_complete,
+        outdated,
+        run_experiment,
+    )
 
     try:
         cfg = load_config(config)
@@ -44,14 +50,18 @@ def run_command(
         raise typer.Exit(2) from None
     committed = {} if rerun else committed_cells(figures, cfg.name)
     if dry_run:
-        for cell in expand(cfg):
+        cells = expand(cfg)
+        console.print(f"{cfg.name}: {len(cells)} cells (seeds {cfg.seeds})")
+        for cell in cells:
+            match = committed_match(committed, cfg, cell, out)
+            stale = outdated(match, cell.options) if match is not None else None
             if is_complete(out / cfg.name / cell.id, cell.options):
                 state = "done"
-            elif committed_match(committed, cfg, cell, out) is not None:
+            elif match is not None and stale is None:
                 state = "done (committed)"
             else:
                 state = "todo"
-            console.print(f"{state:16} {cell.id}")
+            console.print(f"{state:16} {cell.id}" + (f"  ({stale})" if stale else ""))
         return
     statuses = run_experiment(cfg, out, echo=console.print, limit=limit, committed=committed)
     failed = [s for s in statuses if s["status"].startswith("failed")]
@@ -70,13 +80,15 @@ def report_command(
     results: Annotated[Path, typer.Option(help="The markdown file to update.")] = Path("RESULTS.md"),
     figures: FiguresOpt = Path("docs/results"),
 ) -> None:
-    """Render each experiment's table and figures into RESULTS.md (between its markers)."""
+    """Take the cells run here into the named experiments' summaries and figures, then write RESULTS.md
+    whole from every config in experiments/ (tests/sim/test_results_render.py checks it)."""
     from sim.experiments.config import ConfigError
     from sim.experiments.report import report
 
-    paths = configs or sorted(Path("experiments").glob("*.yaml"))
+    every = sorted(Path("experiments").glob("*.yaml"))
+    paths = configs or every
     try:
-        summaries = report(paths, out, results, figures, Path.cwd())
+        summaries = report(paths, out, results, figures, Path.cwd(), document=every or paths)
     except ConfigError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -33,6 +33,14 @@ class TableSpec(BaseModel):
     rows: list[str] = Field(default_factory=list)
     columns: list[str] = Field(default_factory=list)
     metrics: list[str] = Field(default_factory=lambda: ["final_accuracy"])
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Column names of metrics where the default reads wrong here."
+    )
+    unset: dict[str, str] = Field(
+        default_factory=dict,
+        description="How a row or column key reads where a cell leaves it unset (default 'off'), "
+        'e.g. {template: "ours (the data set\'s)"}.',
+    )
 
 
 class PlotSpec(BaseModel):
@@ -56,11 +64,22 @@ class PlotSpec(BaseModel):
 
 
 class PaperValue(BaseModel):
-    """A number from the paper for the cells that match."""
+    """A figure the paper reports (../shared/PAPER.md), shown beside the cells it matches.
+
+    `value`: a number (a percentage, as the paper prints it) or a short text where the paper gives
+    no number (e.g. what Fig. 6 shows). `metric`: the column of ours it sits beside (one of the
+    table's metrics); without it, the row's "paper" column. `match`: the grid values of the cells it
+    belongs to; without it, no cell here measures it and the report lists it under the table.
+    `model` and `size`: what the paper measured it with (size: where it differs from the config's
+    `paper_size`)."""
 
     model_config = ConfigDict(extra="forbid")
-    match: dict[str, Any]
-    value: str
+    source: str = Field(..., min_length=1, description="Where in the paper, e.g. 'Table I'.")
+    model: str = Field(..., min_length=1, description="The paper's model: BERT, RoBERTa, T5.")
+    value: float | str
+    metric: str | None = None
+    match: dict[str, Any] | None = None
+    size: str | None = None
 
 
 class ExperimentConfig(BaseModel):
@@ -78,7 +97,44 @@ class ExperimentConfig(BaseModel):
     table: TableSpec = Field(default_factory=TableSpec)
     plots: list[PlotSpec] = Field(default_factory=list)
     paper: list[PaperValue] = Field(default_factory=list)
-    paper_note: str = "see paper"
+    paper_size: str = Field(
+        "", description="The paper's setup for its figures here (model sizes, rounds, steps)."
+    )
+    reading: str = Field(
+        "",
+        description="What the table shows, below it in RESULTS.md. Measured figures as placeholders "
+        "({{metric @ key=value, …}}, see report.py), never typed in.",
+    )
+    section: str = Field("", description="The RESULTS.md heading the experiment goes under.")
+    order: int = Field(100, description="Its place in RESULTS.md (then the name).")
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v) or any(s < 0 for s in v):
+            raise ValueError("seeds must be distinct non-negative integers, e.g. [0, 1, 2]")
+        return v
+
+    @model_validator(mode="after")
+    def _paper(self) -> ExperimentConfig:
+        known = set(self.grid) | set(self.base) | {k for c in self.extra_cells for k in c}
+        cells = [{**self.base, **c.params} for c in expand(self)]
+        for n, entry in enumerate(self.paper):
+            where = f"paper[{n}] ({entry.source}, {entry.model})"
+            if entry.metric is not None and entry.metric not in self.table.metrics:
+                raise ValueError(
+                    f"{where}: metric '{entry.metric}' is not one of table.metrics {self.table.metrics}"
+                )
+            if entry.match is None:
+                continue
+            unknown = sorted(set(entry.match) - known)
+            if unknown:
+                raise ValueError(f"{where}: match names {unknown}, not a key of base, grid or extra_cells")
+            if not any(matches(c, entry.match) for c in cells):
+                raise ValueError(
+                    f"{where}: match {entry.match} matches no cell (leave match out for a figure no cell measures)"
+                )
+        return self
 
     @field_validator("grid")
     @classmethod

@@ -24,6 +24,11 @@ from sim.supervisor import bin_path
 # Options a cell may carry that simulate does not (yet) know, and the value that means "the default".
 DEFAULT_VALUES: dict[str, Any] = {"method": "prompt_tuning"}
 
+# Options that did not exist when some committed cells ran, and what those cells did instead: a record
+# without the option matches whatever the config says. measure_asr: before it, every client with a
+# target label measured the ASR (what measure_asr asks for); training is the same either way.
+LEGACY_OPTIONS = {"measure_asr"}
+
 
 def simulate_options() -> set[str]:
     """The option names `fedprompt simulate` accepts (its function's parameters)."""
@@ -63,14 +68,32 @@ def committed_cells(fig_dir: Path, name: str) -> dict[str, dict[str, Any]]:
     return {r["cell"]: r for r in json.loads(path.read_text()).get("cells", []) if r.get("done")}
 
 
+def same_options(recorded: dict[str, Any] | None, options: dict[str, Any]) -> bool:
+    """True when a committed record ran with these options (a summary written before records carried
+    their options matches by cell id alone; an option of LEGACY_OPTIONS it lacks is not compared)."""
+    if recorded is None:
+        return True
+    wanted = normalised(options)
+    missing = LEGACY_OPTIONS - set(recorded)
+    return recorded == {k: v for k, v in wanted.items() if k not in missing}
+
+
+def outdated(record: dict[str, Any], options: dict[str, Any]) -> str | None:
+    """Why a committed record measured something else than these options mean on this build (the
+    report still shows it, labelled; the runner runs the cell again), or None."""
+    if options.get("ldp_epsilon") is not None and record.get("ldp_sensitivity") is None:
+        return "measured before LDP was calibrated to the sensitivity 2 × clip"
+    return None
+
+
 def committed_match(
     committed: dict[str, dict[str, Any]], config: ExperimentConfig, cell: Cell, out_root: Path
 ) -> dict[str, Any] | None:
-    """The committed record of this cell when it ran with the same options (a summary written before
-    records carried their options matches by cell id alone) and, where this machine has the cell's
-    starting prompt (its --init-prompt, or the trained warm start), from that same prompt."""
+    """The committed record of this cell when it ran with the same options (see same_options) and,
+    where this machine has the cell's starting prompt (its --init-prompt, or the trained warm
+    start), from that same prompt."""
     record = committed.get(cell.id)
-    if record is None or record.get("options", normalised(cell.options)) != normalised(cell.options):
+    if record is None or not same_options(record.get("options"), cell.options):
         return None
     local = local_start_sha(config, cell, out_root)
     if local is not None and record.get("start_sha256") != local:
@@ -203,12 +226,17 @@ def run_experiment(
             if config.warm_start is not None and "init_prompt" not in options:
                 # the warm start first: a committed cell counts only if it started from this prompt
                 options["init_prompt"] = str(_warm_start(config, cell, out_root, echo, runner))
-            if committed_match(committed, config, cell, out_root) is not None:
+            match = committed_match(committed, config, cell, out_root)
+            stale = outdated(match, cell.options) if match is not None else None
+            if match is not None and stale is None:
                 record["status"] = "done"
                 statuses.append(record)
                 echo(f"[{n}/{len(cells)}] {cell.id}: done in the committed summary (skipped)")
                 continue
-            echo(f"[{n}/{len(cells)}] {cell.id}: the committed result ran with other options or prompt")
+            echo(
+                f"[{n}/{len(cells)}] {cell.id}: the committed result "
+                + (stale if stale else "ran with other options or prompt")
+            )
         if limit is not None and started_cells >= limit:
             record["status"] = "pending"
             statuses.append(record)
