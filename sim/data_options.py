@@ -45,36 +45,25 @@ def data_source(opts: Any) -> Any:
     )
 
 
-def _packed(opts: Any, out: Path) -> tuple[Path, str]:
-    """(the packed folder the workers read, a note on where it came from)."""
-    from worker.data import load_splits, resolve_dataset
-    from worker.data.pack import write_packed
-
-    src = data_source(opts)
-    if not src.is_table and src.test_data is None:
-        return resolve_dataset(src.data), ""
-    splits = load_splits(src)
-    folder = out / "data" / splits.name
-    origin = src.data + (f" + {src.test_data}" if src.test_data else "")
-    source = f"packed by fedprompt simulate from {origin}" + (f"; {HELD_OUT_NOTE}" if splits.held_out else "")
-    write_packed(
-        folder, splits.train, splits.test, name=splits.name, source=source, origin=origin, overwrite=True
-    )
-    return folder, source
-
-
 def resolve_data(opts: Any, out: Path) -> Dataset:
     """The simulation's data set, template and label words, or a DataError / LabelWordError that says
-    what is wrong in one line."""
-    from worker.data import choose_prompt
+    what is wrong in one line. A file is packed into <out>/data/<name> only once everything is checked."""
+    from worker.data import choose_prompt, load_splits, resolve_dataset
+    from worker.data.pack import write_packed
     from worker.data.verbalizer import load_tokenizer
 
-    folder, note = _packed(opts, out)
-    meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
-    labels = tuple(meta.get("labels") or ())
-    task = meta.get("task", "single")
+    src = data_source(opts)
+    splits = None
+    if not src.is_table and src.test_data is None:
+        folder = resolve_dataset(src.data)
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+        name, labels, task = folder.name, tuple(meta.get("labels") or ()), meta.get("task", "single")
+    else:
+        splits = load_splits(src)
+        name, labels, task = splits.name, tuple(splits.train.label_names), splits.train.task
+        folder = out / "data" / name
     template, words = choose_prompt(
-        name=folder.name,
+        name=name,
         task=task,
         label_names=labels,
         template=opts.template,
@@ -82,9 +71,16 @@ def resolve_data(opts: Any, out: Path) -> Dataset:
         tokenizer=load_tokenizer(opts.model),
         model=opts.model,
     )
+    note = ""
+    if splits is not None:
+        origin = src.data + (f" + {src.test_data}" if src.test_data else "")
+        note = f"packed by fedprompt simulate from {origin}" + (
+            f"; {HELD_OUT_NOTE}" if splits.held_out else ""
+        )
+        write_packed(folder, splits.train, splits.test, name=name, source=note, origin=origin, overwrite=True)
     return Dataset(
         folder=folder,
-        name=folder.name,
+        name=name,
         task=task,
         labels=labels,
         template=template,

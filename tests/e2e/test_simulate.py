@@ -188,7 +188,7 @@ def test_pool_processes_serve_more_clients_and_a_killed_one_is_restarted(tmp_pat
     [
         (["--partition", "foo"], "unknown partition scheme"),
         (["--fraction", "1.5"], "--fraction must be in (0, 1]"),
-        (["--verbalizer", "nope"], "--verbalizer is not JSON"),
+        (["--verbalizer", "nope"], "--verbalizer 'nope': give words for at least two labels"),
         (["--dataset", "no-such-set"], "no data set named 'no-such-set'"),
     ],
 )

@@ -141,3 +141,13 @@ def test_an_experiment_cell_on_a_file_passes_its_columns_to_simulate_and_the_war
         "labels": ["negative", "positive"],
     }  # fmt: skip
     assert _key(warm).startswith("reviews-20tok-10steps-")
+
+
+def test_a_file_with_a_bad_label_word_leaves_no_folder_behind(tmp_path: Path) -> None:
+    path = tmp_path / "mail.csv"
+    path.write_text("text,label\n" + "".join(f"m{i},{'spam' if i % 3 else 'ham'}\n" for i in range(30)))
+    opts = _opts(tmp_path, dataset=str(path))
+
+    with pytest.raises(LabelWordError):
+        resolve_data(opts, opts.out)
+    assert not opts.out.exists()
