@@ -190,6 +190,14 @@ class FederationSpec(BaseModel):
     prefix_projection: bool = Field(
         False, description="Prefix tuning re-parameterised by an MLP (then the MLP is communicated)."
     )
+    scoring: Literal["auto", "tied-embeddings", "mean-pool"] = Field(
+        "auto",
+        description="How label scores are read: auto = the label words through the model's LM / MLM head, "
+        "or, for an encoder whose checkpoint has no MLM head (all-MiniLM-L6-v2), mean-pool similarity: "
+        "20 × cosine of the mean-pooled output with each label phrase (the template's words with [MASK] "
+        "replaced by the label word); tied-embeddings = the label words at [MASK] through the tied input "
+        "embeddings; mean-pool = similarity scoring on any encoder.",
+    )
     params_full_model: int | None = Field(
         None, ge=1, description="Parameters of the whole PLM: the ledger's full fine-tuning reference."
     )

@@ -59,6 +59,8 @@ class TrainLocal:
     out: Path
     train_limit: int | None = None
     eval_limit: int | None = None
+    scoring: str = "auto"
+    init: str = "vocab"
 
     def argv(self) -> list[str]:
         return [bin_path("fedprompt-worker"), "train-local", *to_args(asdict(self))]

@@ -39,6 +39,7 @@ def run_baseline(
         out=path,
         train_limit=train_limit or None,
         eval_limit=eval_limit or None,
+        scoring=spec.scoring,
     )
     console.print(f"[bold]baseline:[/] centralised prompt tuning, {steps} steps of batch {spec.batch_size}")
     started = time.monotonic()

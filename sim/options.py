@@ -69,6 +69,7 @@ class SimulateOptions:
     encoder_type: str
     encoder_hidden_size: int | None
     prefix_projection: bool
+    scoring: str
 
 
 def parse_aggregation(text: str) -> dict[str, Any]:
@@ -164,6 +165,8 @@ def check_method_options(opts: SimulateOptions) -> None:
     """Refuse an unknown prompt method or encoder, or a starting prompt that is not a file."""
     if opts.init_prompt is not None and not opts.init_prompt.is_file():
         raise ValueError(f"--init-prompt {opts.init_prompt} is not a file")
+    if opts.scoring not in ("auto", "tied-embeddings", "mean-pool"):
+        raise ValueError(f"--scoring must be auto, tied-embeddings or mean-pool; got {opts.scoring!r}")
     if opts.method not in METHODS or opts.encoder_type not in ("mlp", "lstm"):
         raise ValueError(
             f"--method must be one of {', '.join(METHODS)} and --encoder-type mlp or lstm "
@@ -257,6 +260,10 @@ def model_facts(
     blob = engine.save_prompt({"version": "0", "method": engine.method})
     facts = {
         **method,
+        # the scoring the engine resolved, so the spec says exactly how labels were read
+        "scoring": "mean-pool"
+        if engine.scoring == "mean-pool"
+        else ("tied-embeddings" if engine.head == "tied-embeddings" else "auto"),
         "family": engine.family,
         "num_layers": engine.method_config.num_layers,
         "num_attention_heads": engine.num_attention_heads,
@@ -280,6 +287,7 @@ def federation_spec(opts: SimulateOptions, dataset: Dataset) -> tuple[Federation
         "encoder_type": opts.encoder_type,
         "encoder_hidden_size": opts.encoder_hidden_size,
         "prefix_projection": opts.prefix_projection,
+        "scoring": opts.scoring,
     }
     hidden, fingerprint, initial_blob, facts = model_facts(
         opts.model, opts.seed, kwargs, method_options, opts.init

@@ -137,10 +137,16 @@ def run_facts(
         },
         **model_ledger(spec),
         **ldp_facts(spec),
-        "scoring": "label words read through the tied input embeddings (the checkpoint has no MLM head)"
-        if "MiniLM" in spec["model"]
-        else "masked-LM head",
+        "scoring": SCORING_TEXT[spec.get("scoring", "auto")],
     }
+
+
+SCORING_TEXT = {
+    "mean-pool": "mean-pool similarity: 20 × cosine of the mean-pooled output with each label phrase "
+    "(the checkpoint has no MLM head)",
+    "tied-embeddings": "label words at [MASK] read through the tied input embeddings",
+    "auto": "label words through the model's LM / MLM head",
+}
 
 
 def ldp_facts(spec: dict[str, Any]) -> dict[str, Any]:

@@ -170,6 +170,13 @@ def simulate_command(
     prefix_projection: Annotated[
         bool, typer.Option("--prefix-projection", help="Prefix tuning through an MLP (communicated).")
     ] = False,
+    scoring: Annotated[
+        str,
+        typer.Option(
+            help="Label scores: auto (the LM/MLM head; mean-pool similarity for an encoder without one, "
+            "e.g. MiniLM) | tied-embeddings | mean-pool."
+        ),
+    ] = "auto",
 ) -> None:
     """Run a whole federation on this machine and write results.json, rounds.csv and accuracy.png."""
     opts = SimulateOptions(**locals())  # first statement: the locals are exactly the parameters

@@ -85,7 +85,14 @@ def train_local_command(
     num_virtual_tokens: int = typer.Option(20, min=1, help="Soft prompt length."),
     max_length: int = typer.Option(64, min=8, help="Real tokens per input (the virtual tokens come on top)."),
     init: str = typer.Option(
-        "vocab", help="Prompt initialisation: 'vocab' (embeddings of random words) or 'random'."
+        "vocab",
+        help="Prompt initialisation: 'vocab' (embeddings of random words), 'label' (the label words first) "
+        "or 'random'.",
+    ),
+    scoring: str = typer.Option(
+        "auto",
+        help="Label scores: auto (the LM/MLM head; mean-pool similarity for an encoder without one, e.g. "
+        "MiniLM) | tied-embeddings | mean-pool.",
     ),
     init_std: float = typer.Option(0.5, min=0.0, help="Std of the 'random' initialisation."),
     grad_clip: float = typer.Option(1.0, min=0.0, help="Clip the prompt gradient norm (0: off)."),
@@ -128,8 +135,10 @@ def train_local_command(
         console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
         raise typer.Exit(2)
 
-    if init not in ("vocab", "random"):
-        raise typer.BadParameter(f"--init must be 'vocab' or 'random'; got {init!r}")
+    if init not in ("vocab", "label", "random"):
+        raise typer.BadParameter(f"--init must be 'vocab', 'label' or 'random'; got {init!r}")
+    if scoring not in ("auto", "tied-embeddings", "mean-pool"):
+        raise typer.BadParameter(f"--scoring must be auto, tied-embeddings or mean-pool; got {scoring!r}")
     try:
         source = DataSource(
             data=dataset,
@@ -234,17 +243,20 @@ def train_local_command(
                 seed=seed,
                 device=device,
                 num_threads=num_threads,
+                scoring=scoring,
             )
             load_s = time.perf_counter() - started
             report |= {
                 "fingerprint": engine.fingerprint,
                 "head": engine.head,
+                "scoring": engine.scoring,
                 "device": str(engine.device),
                 "load_seconds": load_s,
             }
+            reads = "mean-pool" if engine.scoring == "mean-pool" else engine.head
             console.print(
                 escape(
-                    f"model {model} ({engine.head} scoring, fingerprint {engine.fingerprint}, hidden "
+                    f"model {model} ({reads} scoring, fingerprint {engine.fingerprint}, hidden "
                     f"{engine.hidden_size}) on {engine.device} loaded in {load_s:.1f}s; {train.name}: "
                     f"{len(train)} train / {len(test)} test"
                     + (" (test: a seeded 10 % held out of the file)" if splits.held_out else "")

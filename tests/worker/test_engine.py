@@ -422,9 +422,9 @@ def test_checkpoint_without_mlm_head_uses_tied_embeddings(tmp_path: Path, tokeni
     folder = save_tiny(tmp_path, tokenizer, BertModel(tiny_config(tokenizer)), "encoder")
     kw: dict[str, Any] = {"template": SINGLE, "verbalizer": WORDS, "num_virtual_tokens": NV, "device": "cpu"}
 
-    first = PromptEngine.load(str(folder), max_length=32, **kw)
+    first = PromptEngine.load(str(folder), max_length=32, scoring="tied-embeddings", **kw)
     torch.manual_seed(123)  # a randomly initialised head would now come out different
-    second = PromptEngine.load(str(folder), max_length=32, **kw)
+    second = PromptEngine.load(str(folder), max_length=32, scoring="tied-embeddings", **kw)
 
     assert first.head == second.head == "tied-embeddings"
     batch = first._batch(EXAMPLES[:3])
@@ -442,6 +442,41 @@ def test_checkpoint_without_mlm_head_uses_tied_embeddings(tmp_path: Path, tokeni
         manual = hidden @ encoder.get_input_embeddings().weight[word_ids].T
     assert torch.equal(s1, s2)
     assert torch.allclose(s1, manual, atol=1e-5)
+
+
+def test_checkpoint_without_mlm_head_scores_by_mean_pool_similarity(tmp_path: Path, tokenizer: Any) -> None:
+    torch.manual_seed(0)
+    folder = save_tiny(tmp_path, tokenizer, BertModel(tiny_config(tokenizer)), "encoder")
+    engine = PromptEngine.load(
+        str(folder), template=SINGLE, verbalizer=WORDS, num_virtual_tokens=NV, device="cpu", max_length=32
+    )
+    assert engine.scoring == "mean-pool"
+    assert engine.template.label_phrase("great") == "It was great."
+
+    batch = engine._batch(EXAMPLES[:3])
+    with torch.no_grad():
+        scores = engine.scores(*batch)
+        encoder = engine.frozen_modules()[0]
+        ids, mask, _ = batch
+        prompt = engine.prompt.unsqueeze(0).expand(3, -1, -1)
+        embeds = torch.cat([prompt, encoder.get_input_embeddings()(ids)], dim=1)
+        full_mask = torch.cat([torch.ones(3, NV, dtype=mask.dtype), mask], dim=1)
+        hidden = encoder(inputs_embeds=embeds, attention_mask=full_mask).last_hidden_state
+        pooled = (hidden * full_mask.unsqueeze(-1)).sum(1) / full_mask.sum(1, keepdim=True)
+        phrases = tokenizer(["It was terrible.", "It was great."], return_tensors="pt", padding=True)
+        out = encoder(**phrases).last_hidden_state
+        pm = phrases["attention_mask"].unsqueeze(-1).float()
+        labels = torch.nn.functional.normalize((out * pm).sum(1) / pm.sum(1), dim=-1)
+        manual = 20.0 * torch.nn.functional.normalize(pooled, dim=-1) @ labels.T
+    assert torch.allclose(scores, manual, atol=1e-4)
+    # trains: the loss goes down on a few examples
+    first = engine.train(EXAMPLES, steps=1, lr=0.05, batch_size=6).mean_loss
+    assert engine.train(EXAMPLES, steps=20, lr=0.05, batch_size=6).last_loss < first
+
+
+def test_unknown_scoring_is_refused(tokenizer: Any) -> None:
+    with pytest.raises(ValueError, match="scoring must be"):
+        make_engine(tokenizer, scoring="cosine")
 
 
 def test_checkpoint_with_mlm_head_uses_it(tmp_path: Path, tokenizer: Any) -> None:

@@ -255,3 +255,12 @@ def test_spec_refuses_prefix_tuning_without_layers() -> None:
     """The spec cannot name prefix tensors without the model's number of layers."""
     with pytest.raises(ValueError, match="num_layers"):
         FederationSpec(method="prefix_tuning")
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "t5"])
+def test_mean_pool_scoring_needs_an_encoder(kind: str) -> None:
+    model, tok = tiny_model(kind)
+    with pytest.raises(ValueError, match="mean-pool scoring needs an encoder"):
+        PromptEngine.from_model(
+            model, tok, template="{text} It was [MASK].", verbalizer=[["bad"], ["good"]], scoring="mean-pool"
+        )

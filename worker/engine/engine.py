@@ -36,6 +36,10 @@ from worker.engine.model import (
 from worker.engine.template import Template, TextPair, Verbalizer
 
 Init = Literal["random", "vocab", "label"]
+Scoring = Literal["auto", "tied-embeddings", "mean-pool"]
+# Cosine similarities × this scale are the label logits of mean-pool scoring (sentence-transformers'
+# contrastive losses use the same scale).
+SIMILARITY_SCALE = 20.0
 ProgressFn = Callable[[int, int, float], None]
 
 # Lester et al. draw the initial prompt from the 5,000 most common tokens; BERT-style vocabularies are
@@ -115,6 +119,24 @@ def _cycle_batches(n: int, batch_size: int, rng: np.random.Generator) -> Iterato
         at = need
 
 
+def resolve_scoring(scoring: Scoring, backbone: Backbone) -> Literal["label-words", "mean-pool"]:
+    """How label scores are read. 'auto': the label words through the model's LM / MLM head when it has
+    one, mean-pool similarity for an encoder whose checkpoint has none (e.g. all-MiniLM-L6-v2);
+    'tied-embeddings': the label words at [MASK] through the tied input embeddings even then."""
+    if scoring not in ("auto", "tied-embeddings", "mean-pool"):
+        raise ValueError(f"scoring must be auto, tied-embeddings or mean-pool; got {scoring!r}")
+    bare_encoder = backbone.family == "masked_lm" and backbone.full_model is None
+    if scoring == "mean-pool" and not bare_encoder:
+        raise ValueError("mean-pool scoring needs an encoder (a masked LM such as BERT or MiniLM)")
+    if scoring == "mean-pool" or (scoring == "auto" and bare_encoder and backbone.mlm_head is None):
+        return "mean-pool"
+    return "label-words"
+
+
+def _flatten(groups: Sequence[Sequence[str]]) -> list[str]:
+    return [word for group in groups for word in group]
+
+
 def _interleave(groups: Sequence[Sequence[int]]) -> list[int]:
     """[[a1, a2], [b1]] → [a1, b1, a2]: one word of each label in turn."""
     out: list[str] = []
@@ -147,6 +169,7 @@ class PromptEngine:
         encoder_hidden_size: int | None = None,
         encoder_num_layers: int = 2,
         prefix_projection: bool = False,
+        scoring: Scoring = "auto",
     ) -> None:
         if num_virtual_tokens < 1:
             raise ValueError(f"num_virtual_tokens must be >= 1; got {num_virtual_tokens}")
@@ -163,6 +186,7 @@ class PromptEngine:
         self.description = description or {}
         self._backbone = backbone
         self.head: Head = backbone.head
+        self.scoring = resolve_scoring(scoring, backbone)
         self.hidden_size = int(backbone.input_embeddings.weight.shape[1])
         self._check_positions(backbone.config)
 
@@ -205,6 +229,7 @@ class PromptEngine:
             average[label, j] = 1.0
         self._average = (average / average.sum(dim=1, keepdim=True)).to(self.device)
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self._label_embeddings = self._phrase_embeddings() if self.scoring == "mean-pool" else None
 
     # ------------------------------------------------------------------ construction
 
@@ -256,7 +281,7 @@ class PromptEngine:
         """Load a PLM by hub id or local path ('all-MiniLM-L6-v2' → the offline package) and wrap it.
 
         ``method`` takes the method options of the constructor (method, encoder_type, encoder_hidden_size,
-        encoder_num_layers, prefix_projection).
+        encoder_num_layers, prefix_projection) and its scoring.
         """
         from transformers import AutoTokenizer
 
@@ -300,6 +325,7 @@ class PromptEngine:
             encoder_hidden_size=spec.encoder_hidden_size,
             encoder_num_layers=spec.encoder_num_layers,
             prefix_projection=spec.prefix_projection,
+            scoring=spec.scoring,
         )
 
     @classmethod
@@ -409,6 +435,8 @@ class PromptEngine:
                 (batch, 1), self._decoder_start, dtype=torch.long, device=input_ids.device
             )
         out = self._peft(**kwargs)
+        if self._label_embeddings is not None:
+            return self._pooled_scores(out.last_hidden_state, attention_mask)
         if self.family == "seq2seq":
             # The first decoder token reads the label word.
             word_logits = out.logits[:, 0][:, self._word_ids]
@@ -423,6 +451,30 @@ class PromptEngine:
                 # No trained MLM head in the checkpoint: read the label words through the tied input embeddings.
                 word_logits = hidden @ bb.input_embeddings.weight[self._word_ids].T
         return word_logits.float() @ self._average.T
+
+    def _pooled_scores(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Mean-pool scoring: SIMILARITY_SCALE × cosine of the mean-pooled output (virtual tokens and
+        text) with each label's phrase embedding."""
+        virtual = hidden.shape[1] - attention_mask.shape[1]  # prompt tuning and P-tuning prepend these
+        mask = attention_mask.to(hidden.dtype)
+        if virtual > 0:
+            mask = torch.cat([mask.new_ones(mask.shape[0], virtual), mask], dim=1)
+        pooled = (hidden * mask.unsqueeze(-1)).sum(dim=1) / mask.sum(dim=1, keepdim=True)
+        return SIMILARITY_SCALE * F.normalize(pooled.float(), dim=-1) @ self._label_embeddings.T
+
+    @torch.no_grad()
+    def _phrase_embeddings(self) -> torch.Tensor:
+        """[num_labels, hidden]: each label's phrases (the template without its text, [MASK] replaced by a
+        label word: "It was great.") through the frozen encoder without a prompt, mean-pooled and
+        normalised; a label with several words averages them."""
+        phrases = [self.template.label_phrase(word) for word in _flatten(self.verbalizer.words)]
+        batch = self.tokenizer(phrases, return_tensors="pt", padding=True).to(self.device)
+        hidden = self._backbone.encoder(**batch).last_hidden_state.float()
+        mask = batch["attention_mask"].unsqueeze(-1).float()
+        each = F.normalize((hidden * mask).sum(dim=1) / mask.sum(dim=1), dim=-1)
+        labels = torch.tensor(self.verbalizer.word_label, device=self.device)
+        per_label = torch.stack([each[labels == k].mean(dim=0) for k in range(self.verbalizer.num_labels)])
+        return F.normalize(per_label, dim=-1)
 
     # ------------------------------------------------------------------ training and evaluation
 

@@ -101,6 +101,16 @@ class Template:
             )
         self._budget = max_length - fixed
 
+    def label_phrase(self, word: str) -> str:
+        """The template's own words with its text slots left out and [MASK] replaced by `word`:
+        "{text} It was [MASK]." → "It was great." (what mean-pool scoring compares an input with)."""
+        out = ""
+        for piece in self._pieces:
+            if piece.kind != "slot":
+                body = word if piece.kind == "mask" else piece.value
+                out += (" " if piece.space_before and out else "") + body
+        return out
+
     @staticmethod
     def _split(template: str) -> list[_Piece]:
         pieces: list[_Piece] = []
