@@ -203,22 +203,56 @@ class RepeatFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < self.level:
             return True
-        message = record.msg.get("event") if isinstance(record.msg, dict) else record.msg
-        kind: tuple[Any, ...] = (record.name, record.levelno, str(message)[:200])
-        if record.exc_info and record.exc_info[1] is not None:
-            exc = record.exc_info[1]
-            tb = exc.__traceback__
-            while tb is not None and tb.tb_next is not None:
-                tb = tb.tb_next
-            where = (tb.tb_frame.f_code.co_filename, tb.tb_lineno) if tb is not None else None
-            kind += (type(exc).__qualname__, where)
-        admitted, dropped = self.limiter.admit(kind)
+        admitted, dropped = self.limiter.admit(_kind(record))
         if admitted and dropped:
             if isinstance(record.msg, dict):
                 record.msg["repeats_suppressed"] = dropped
             else:
                 record.repeats_suppressed = dropped
         return admitted
+
+
+# Fields that differ between repeats of the same event: left out of what makes two records alike.
+_VOLATILE = frozenset(
+    {"timestamp", "request_id", "duration_ms", "exc_info", "exception", "repeats_suppressed"}
+)
+
+
+def _kind(record: logging.LogRecord) -> tuple[Any, ...]:
+    """What makes two records the same: logger, level, message (with its fields), exception type and
+    the place it was raised."""
+    exc: Any = record.exc_info[1] if record.exc_info else None
+    if isinstance(record.msg, dict):  # a structlog event
+        event = record.msg
+        text = str(event.get("event"))[:200]
+        fields = tuple(
+            sorted(
+                (str(k), str(v)[:64])
+                for k, v in event.items()
+                if k != "event" and k not in _VOLATILE and not str(k).startswith("_")
+            )
+        )
+        flag = event.get("exc_info")
+        if flag is True:
+            exc = sys.exc_info()[1]
+        elif isinstance(flag, BaseException):
+            exc = flag
+        elif isinstance(flag, tuple) and len(flag) == 3:
+            exc = flag[1]
+    else:
+        try:
+            text = record.getMessage()[:200]
+        except Exception:  # arguments that do not fit the message: its template then
+            text = str(record.msg)[:200]
+        fields = ()
+    kind: tuple[Any, ...] = (record.name, record.levelno, text, fields)
+    if isinstance(exc, BaseException):
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        where = (tb.tb_frame.f_code.co_filename, tb.tb_lineno) if tb is not None else None
+        kind += (type(exc).__qualname__, where)
+    return kind
 
 
 def resolve_format(fmt: str, stream: TextIO) -> Literal["json", "console"]:

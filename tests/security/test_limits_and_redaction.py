@@ -206,3 +206,21 @@ def test_path_ids_are_parsed_strictly() -> None:
     assert path_fields({"fid": "١٢"}) == {"federation_id": "١٢"}
     assert path_fields({"fid": "9" * 5000})["federation_id"] == "9" * 64
     assert path_fields({"fid": ENROL}) == {"federation_id": REDACTED}
+
+
+def test_only_identical_repeats_are_left_out(restore_logging: None) -> None:
+    stream = io.StringIO()
+    configure_logging("info", "json", stream=stream)
+    log = logging.getLogger("fedprompt.test")
+    for fid in (1, 2, 1, 2):
+        log.warning("reading federation %s failed", fid)
+    slog = structlog.get_logger("fedprompt.test")
+    for round_number in (3, 4, 3):
+        slog.warning("round_failed", round=round_number)
+    events = [(x["event"], x.get("round")) for x in map(json.loads, stream.getvalue().splitlines())]
+    assert events == [
+        ("reading federation 1 failed", None),
+        ("reading federation 2 failed", None),
+        ("round_failed", 3),
+        ("round_failed", 4),
+    ]
