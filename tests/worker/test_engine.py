@@ -462,7 +462,8 @@ def test_checkpoint_without_mlm_head_scores_by_mean_pool_similarity(tmp_path: Pa
         embeds = torch.cat([prompt, encoder.get_input_embeddings()(ids)], dim=1)
         full_mask = torch.cat([torch.ones(3, NV, dtype=mask.dtype), mask], dim=1)
         hidden = encoder(inputs_embeds=embeds, attention_mask=full_mask).last_hidden_state
-        pooled = (hidden * full_mask.unsqueeze(-1)).sum(1) / full_mask.sum(1, keepdim=True)
+        real = mask.unsqueeze(-1).float()  # the virtual tokens' own outputs are not pooled
+        pooled = (hidden[:, NV:] * real).sum(1) / real.sum(1)
         phrases = tokenizer(["It was terrible.", "It was great."], return_tensors="pt", padding=True)
         out = encoder(**phrases).last_hidden_state
         pm = phrases["attention_mask"].unsqueeze(-1).float()

@@ -453,13 +453,12 @@ class PromptEngine:
         return word_logits.float() @ self._average.T
 
     def _pooled_scores(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Mean-pool scoring: SIMILARITY_SCALE × cosine of the mean-pooled output (virtual tokens and
-        text) with each label's phrase embedding."""
+        """Mean-pool scoring: SIMILARITY_SCALE × cosine of the mean-pooled output of the real tokens (the
+        prompt acts through attention; its own positions are left out, as the model was trained to pool)
+        with each label's phrase embedding."""
         virtual = hidden.shape[1] - attention_mask.shape[1]  # prompt tuning and P-tuning prepend these
-        mask = attention_mask.to(hidden.dtype)
-        if virtual > 0:
-            mask = torch.cat([mask.new_ones(mask.shape[0], virtual), mask], dim=1)
-        pooled = (hidden * mask.unsqueeze(-1)).sum(dim=1) / mask.sum(dim=1, keepdim=True)
+        mask = attention_mask.to(hidden.dtype).unsqueeze(-1)
+        pooled = (hidden[:, virtual:] * mask).sum(dim=1) / mask.sum(dim=1)
         return SIMILARITY_SCALE * F.normalize(pooled.float(), dim=-1) @ self._label_embeddings.T
 
     @torch.no_grad()
