@@ -20,6 +20,15 @@ from worker.data.help import (
 )
 from worker.reach import DEFAULT_GIVE_UP_AFTER
 
+# Options both `serve` and `pool` take: the worker's own API and its logs.
+HostOption = Annotated[
+    str, typer.Option(envvar="FEDPROMPT_WORKER_HOST", help="Bind address of /healthz, /status, /metrics.")
+]
+PortOption = Annotated[
+    int, typer.Option(envvar="FEDPROMPT_WORKER_PORT", help="Port of the worker's own API.")
+]
+LogLevelOption = Annotated[str, typer.Option(envvar="FEDPROMPT_LOG_LEVEL", help="Log level.")]
+
 app = typer.Typer(
     help="fedprompt worker: trains a soft prompt locally against a frozen PLM.", no_args_is_help=True
 )
@@ -49,12 +58,8 @@ def serve(
     state_dir: Annotated[
         Path, typer.Option(envvar="FEDPROMPT_STATE_DIR", help="Credentials and unacknowledged updates.")
     ] = Path("worker-state"),
-    host: Annotated[
-        str, typer.Option(envvar="FEDPROMPT_WORKER_HOST", help="Bind address of /healthz, /status, /metrics.")
-    ] = "127.0.0.1",
-    port: Annotated[
-        int, typer.Option(envvar="FEDPROMPT_WORKER_PORT", help="Port of the worker's own API.")
-    ] = 8100,
+    host: HostOption = "127.0.0.1",
+    port: PortOption = 8100,
     partition: Annotated[
         str,
         typer.Option(envvar="FEDPROMPT_PARTITION", help="iid | quantity:ALPHA | label:ALPHA (simulation)."),
@@ -118,7 +123,7 @@ def serve(
     attack: Annotated[
         str, typer.Option(help="Malicious update before upload: none | boost:FACTOR | sign-flip[:FACTOR].")
     ] = "none",
-    log_level: Annotated[str, typer.Option(envvar="FEDPROMPT_LOG_LEVEL", help="Log level.")] = "info",
+    log_level: LogLevelOption = "info",
     log_format: LogFormatOption = "auto",
 ) -> None:
     """Enrol with the coordinator, then train and evaluate the global prompt on local data."""
@@ -230,13 +235,9 @@ def pool(
         Path,
         typer.Option("--config", envvar="FEDPROMPT_POOL", help="Pool file (JSON): the clients to serve."),
     ],
-    host: Annotated[
-        str, typer.Option(envvar="FEDPROMPT_WORKER_HOST", help="Bind address of /healthz, /status, /metrics.")
-    ] = "127.0.0.1",
-    port: Annotated[
-        int, typer.Option(envvar="FEDPROMPT_WORKER_PORT", help="Port of the worker's own API.")
-    ] = 8100,
-    log_level: Annotated[str, typer.Option(envvar="FEDPROMPT_LOG_LEVEL", help="Log level.")] = "info",
+    host: HostOption = "127.0.0.1",
+    port: PortOption = 8100,
+    log_level: LogLevelOption = "info",
     log_format: LogFormatOption = "auto",
 ) -> None:
     """Serve several clients from one process: one model in memory, one identity and shard per client."""
