@@ -41,6 +41,7 @@ def run_command(
         is_complete,
         outdated,
         run_experiment,
+        scored_before_mean_pool,
     )
 
     try:
@@ -55,6 +56,8 @@ def run_command(
         for cell in cells:
             match = committed_match(committed, cfg, cell, out)
             stale = outdated(match, cell.options) if match is not None else None
+            if match is not None and scored_before_mean_pool(match, cell.options):
+                stale = "scored through the tied input embeddings, before mean-pool scoring was the default"
             if is_complete(out / cfg.name / cell.id, cell.options):
                 state = "done"
             elif match is not None and stale is None:

@@ -31,6 +31,7 @@ from sim.experiments.runner import (
     committed_match,
     normalised,
     outdated,
+    scored_before_mean_pool,
     start_prompt_sha,
 )
 
@@ -108,6 +109,8 @@ def collect(config: ExperimentConfig, out_root: Path) -> list[dict[str, Any]]:
             record["rounds"] = [{k: r.get(k) for k in ROUND_FIELDS} for r in results.get("rounds", [])]
             if results.get("ldp"):  # the calibration this build's LDP used (see shared/privacy.py)
                 record["ldp_sensitivity"] = results["ldp"].get("sensitivity")
+            # how labels were read (the spec resolves `auto` to what the engine used)
+            record["scoring"] = (results.get("spec") or {}).get("scoring", "tied-embeddings")
         if meta_path.exists():
             meta = json.loads(meta_path.read_text())
             record["command"] = meta.get("command")
@@ -505,10 +508,21 @@ def _unmatched_paper(config: ExperimentConfig) -> list[str]:
 
 def _outdated_lines(done: list[dict[str, Any]]) -> list[str]:
     """A note on cells whose figures this build would measure differently (the runner reruns them)."""
+    before = [r for r in done if scored_before_mean_pool(r, r.get("options") or {})]
+    lines = (
+        [
+            f"- {len(before)} of these cells read MiniLM's labels through the tied input embeddings "
+            "(`scoring: tied-embeddings`), the default before mean-pool scoring; `fedprompt experiment run` "
+            "runs them again with this build's default.",
+            "",
+        ]
+        if before
+        else []
+    )
     stale = sorted({r["cell"] for r in done if outdated(r, r.get("options") or {}) is not None})
     if not stale:
-        return []
-    return [
+        return lines
+    return lines + [
         f"- {len(stale)} of these cells ran before LDP was calibrated to the sensitivity 2 × clip "
         "(noise of scale clip/ε, Laplace; std σ·clip, Gaussian): their ε columns show what those releases "
         "guaranteed (Laplace: 2ε per round; Gaussian: the accountant's ε at σ/2), their noise column the "

@@ -86,6 +86,13 @@ def outdated(record: dict[str, Any], options: dict[str, Any]) -> str | None:
     return None
 
 
+def scored_before_mean_pool(record: dict[str, Any], options: dict[str, Any]) -> bool:
+    """True for a committed MiniLM cell that read its labels through the tied input embeddings (records
+    carry `scoring` since mean-pool scoring became the default) while these options now mean
+    mean-pool: the runner runs it again; the report says so under its table."""
+    return record.get("scoring") is None and options.get("scoring", "auto") != "tied-embeddings"
+
+
 def committed_match(
     committed: dict[str, dict[str, Any]], config: ExperimentConfig, cell: Cell, out_root: Path
 ) -> dict[str, Any] | None:
@@ -228,6 +235,8 @@ def run_experiment(
                 options["init_prompt"] = str(_warm_start(config, cell, out_root, echo, runner))
             match = committed_match(committed, config, cell, out_root)
             stale = outdated(match, cell.options) if match is not None else None
+            if match is not None and scored_before_mean_pool(match, cell.options):
+                stale = "scored through the tied input embeddings, before mean-pool scoring was the default"
             if match is not None and stale is None:
                 record["status"] = "done"
                 statuses.append(record)
