@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         max_length=args.max_length,
         seed=0,
         num_threads=args.threads,
+        scoring="tied-embeddings",  # what the bare loop computes
     )
     examples = list(data)
     labels = torch.tensor([int(ex.label) for ex in examples])

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import aggregation, comm, e2e, ingest, report, worker
+from bench import aggregation, comm, e2e, ingest, report, scoring, worker
 from shared import wire
 
 
@@ -116,6 +116,18 @@ def _fake_simulate_db(path: Path) -> None:
         con.execute("insert into evaluations values (?, 0, ?)", (cid, 100.5))
     con.commit()
     con.close()
+
+
+def test_scoring_trains_both_readouts_on_the_same_batches(tmp_path: Path) -> None:
+    scoring.main(
+        ["--checkpoints", "2,4", "--block", "2", "--train-limit", "32", "--eval-limit", "16",
+         "--max-length", "16", "--out-dir", str(tmp_path)]
+    )  # fmt: skip
+    doc = _result(tmp_path, "scoring")
+    for name in ("tied-embeddings", "mean-pool"):
+        assert [a["step"] for a in doc["accuracy"][name]] == [0, 2, 4]
+        assert all(0.0 <= a["accuracy"] <= 1.0 for a in doc["accuracy"][name])
+    assert len(doc["paired_ratios"]) == 2 and doc["speed_ratio_mean_pool_vs_tied"] > 0
 
 
 def test_e2e_split_adds_up_to_the_round_wall_time(tmp_path: Path) -> None:
