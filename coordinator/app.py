@@ -17,7 +17,14 @@ from fastapi.staticfiles import StaticFiles
 from coordinator.api import problems
 from coordinator.api.body_limit import BodyLimitMiddleware
 from coordinator.api.longpoll import StampWatch
-from coordinator.api.routes import clients, dashboard, export, federations, health, rounds
+from coordinator.api.routes import (
+    clients,
+    dashboard,
+    export,
+    federations,
+    health,
+    rounds,
+)
 from coordinator.config import Settings
 from coordinator.dashboard import STATIC_DIR
 from coordinator.db import make_engine, make_sessionmaker
@@ -53,7 +60,12 @@ def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
     # thread writing a batch (the others wait for it without one), the sweep, the long-polls' reader
     engine = make_engine(settings.url, pool_size=settings.threads + 3)
     sessions = make_sessionmaker(engine)
-    service = Coordinator(sessions, auth_cache_s=settings.auth_cache_s)
+    service = Coordinator(
+        sessions,
+        auth_cache_s=settings.auth_cache_s,
+        default_round_deadline_s=settings.default_round_deadline_s,
+        max_prompt_bytes=settings.max_upload_bytes,
+    )
     metrics = CoordinatorMetrics(service.gauge_counts)
 
     def on_round_transition(transition: RoundTransition) -> None:

@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 from coordinator.app import create_app
 from coordinator.config import Settings
 from coordinator.dashboard.view import timeline
+from coordinator.logic.evaluation import summarize_evaluations
 from coordinator.migrate import upgrade
-from coordinator.service import summarize_evaluations
 from shared.evalstats import (
     confusion_metrics,
     is_class_count,

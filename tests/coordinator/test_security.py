@@ -24,9 +24,16 @@ from coordinator.app import create_app
 from coordinator.config import ConfigError, Settings, require_admin_token
 from coordinator.db import Base
 from coordinator.migrate import upgrade
-from coordinator.service import hash_token
+from coordinator.security import hash_token
 from tests.coordinator.test_api import snapshot
-from tests.coordinator.test_authz_matrix import ADMIN_ONLY, CLIENT, EITHER, ENROL, PUBLIC, ROUTES
+from tests.coordinator.test_authz_matrix import (
+    ADMIN_ONLY,
+    CLIENT,
+    EITHER,
+    ENROL,
+    PUBLIC,
+    ROUTES,
+)
 from tests.helpers import ADMIN, SMALL_SPEC, federation_with_clients, update_blob
 
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN}"}
@@ -93,7 +100,11 @@ def test_the_dashboard_s_admin_routes_use_the_same_dependency() -> None:
 
 def test_openapi_names_the_token_each_route_takes() -> None:
     spec = create_app(Settings(database_url="sqlite://", admin_token=ADMIN), sweep=False).openapi()
-    assert set(spec["components"]["securitySchemes"]) == {"admin", "client", "enrolment"}
+    assert set(spec["components"]["securitySchemes"]) == {
+        "admin",
+        "client",
+        "enrolment",
+    }
     expected = {
         PUBLIC: None,
         ADMIN_ONLY: [{"admin": []}],
@@ -116,7 +127,10 @@ def test_client_routes_take_no_client_id_from_the_caller() -> None:
         assert names <= {"fid", "number", "version", "wait"}, (method, path, names)
         ref = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
         body = spec["components"]["schemas"].get(ref.get("$ref", "/").rsplit("/", 1)[1], {})
-        assert not {"client_id", "cid", "client"} & set(body.get("properties", {})), (method, path)
+        assert not {"client_id", "cid", "client"} & set(body.get("properties", {})), (
+            method,
+            path,
+        )
 
 
 def test_a_client_acts_only_as_itself(world: dict[str, Any]) -> None:
@@ -179,7 +193,9 @@ def test_tokens_are_stored_only_as_their_sha256(world: dict[str, Any]) -> None:
     assert api.get("/api/v1/federations", headers=ADMIN_HEADERS).status_code == 200
 
 
-def test_admin_token_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_admin_token_is_compared_in_constant_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     calls: list[tuple[bytes, bytes]] = []
     real = deps.hmac.compare_digest
 
@@ -190,7 +206,10 @@ def test_admin_token_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(deps.hmac, "compare_digest", spy)
     settings = Settings(database_url="sqlite://", admin_token=ADMIN)
     assert deps.is_admin_token(ADMIN, settings) and not deps.is_admin_token(ADMIN[:-1] + "x", settings)
-    assert calls == [(ADMIN.encode(), ADMIN.encode()), ((ADMIN[:-1] + "x").encode(), ADMIN.encode())]
+    assert calls == [
+        (ADMIN.encode(), ADMIN.encode()),
+        ((ADMIN[:-1] + "x").encode(), ADMIN.encode()),
+    ]
 
 
 def _asgi_call(
@@ -204,7 +223,11 @@ def _asgi_call(
         nonlocal pulled
         if pulled < len(chunks):
             pulled += 1
-            return {"type": "http.request", "body": chunks[pulled - 1], "more_body": pulled < len(chunks)}
+            return {
+                "type": "http.request",
+                "body": chunks[pulled - 1],
+                "more_body": pulled < len(chunks),
+            }
         return {"type": "http.disconnect"}
 
     async def send(message: dict[str, Any]) -> None:
@@ -231,7 +254,9 @@ def _asgi_call(
     return status, pulled
 
 
-def test_a_declared_oversized_body_is_refused_before_a_byte_is_read(world: dict[str, Any]) -> None:
+def test_a_declared_oversized_body_is_refused_before_a_byte_is_read(
+    world: dict[str, Any],
+) -> None:
     app, fid = world["app"], world["fid"]
     token = world["clients"][0]["token"]
     cases = [
@@ -293,7 +318,10 @@ def test_no_cross_origin_access(world: dict[str, Any]) -> None:
     )
     assert preflight.status_code >= 400
     assert not any(h.startswith("access-control-") for h in preflight.headers)
-    simple = api.get("/api/v1/federations", headers={**ADMIN_HEADERS, "Origin": "https://evil.example"})
+    simple = api.get(
+        "/api/v1/federations",
+        headers={**ADMIN_HEADERS, "Origin": "https://evil.example"},
+    )
     assert simple.status_code == 200
     assert not any(h.startswith("access-control-") for h in simple.headers)
 
@@ -333,4 +361,7 @@ def test_openapi_documents_problem_json_for_every_error() -> None:
                         code,
                     )
             if path.startswith("/api/"):
-                assert {"401", "403", "413", "422", "429"} <= set(op["responses"]), (method, path)
+                assert {"401", "403", "413", "422", "429"} <= set(op["responses"]), (
+                    method,
+                    path,
+                )

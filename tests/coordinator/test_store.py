@@ -27,7 +27,9 @@ def _enrol(service: Coordinator, fid: int, n: int, samples: int = 10) -> list:  
     return [service.enroll(fid, token, name=f"c{i}", num_samples=samples, info={})[0] for i in range(n)]
 
 
-def test_federation_waits_for_min_clients_then_opens_round_one(service: Coordinator) -> None:
+def test_federation_waits_for_min_clients_then_opens_round_one(
+    service: Coordinator,
+) -> None:
     fid, _ = _federation(service, min_clients=3)
     _enrol(service, fid, 2)
     assert service.federation_status(fid)["state"] == "waiting"
@@ -75,7 +77,9 @@ def test_upload_aggregates_weighted_mean_and_advances(service: Coordinator) -> N
     assert service.federation_status(fid)["open_round"]["round"] == 2
 
 
-def test_identical_reupload_is_ok_and_different_one_conflicts(service: Coordinator) -> None:
+def test_identical_reupload_is_ok_and_different_one_conflicts(
+    service: Coordinator,
+) -> None:
     fid, spec = _federation(service, min_clients=2)
     a, _ = _enrol(service, fid, 2)
     blob = update_blob(spec, 1)
@@ -86,7 +90,9 @@ def test_identical_reupload_is_ok_and_different_one_conflicts(service: Coordinat
         service.upload(fid, 1, a, update_blob(spec, 2))
 
 
-def test_closed_round_is_gone_but_identical_retry_still_acknowledged(service: Coordinator) -> None:
+def test_closed_round_is_gone_but_identical_retry_still_acknowledged(
+    service: Coordinator,
+) -> None:
     fid, spec = _federation(service)
     a, b = _enrol(service, fid, 2)
     blob_a = update_blob(spec, 1)
@@ -124,7 +130,12 @@ def test_deadline_with_quorum_aggregates_partial_round(service: Coordinator, clo
 
 def test_deadline_below_quorum_fails_and_retries_with_fresh_selection(service: Coordinator, clock) -> None:  # type: ignore[no-untyped-def]
     fid, spec = _federation(
-        service, min_clients=2, quorum=2, fraction=0.5, round_deadline_s=60, expected_clients=6
+        service,
+        min_clients=2,
+        quorum=2,
+        fraction=0.5,
+        round_deadline_s=60,
+        expected_clients=6,
     )
     clients = _enrol(service, fid, 6)
     first = service.round_detail(fid, 1)
@@ -133,7 +144,10 @@ def test_deadline_below_quorum_fails_and_retries_with_fresh_selection(service: C
     clock.advance(61)
     service.sweep()
     history = service.rounds(fid)
-    assert [(r["round"], r["attempt"], r["state"]) for r in history] == [(1, 1, "failed"), (1, 2, "open")]
+    assert [(r["round"], r["attempt"], r["state"]) for r in history] == [
+        (1, 1, "failed"),
+        (1, 2, "open"),
+    ]
     assert "below the quorum" in history[0]["failure_reason"]
     assert history[1]["base_version"] == 0
 
@@ -178,7 +192,9 @@ def test_pause_stops_auto_advance_and_resume_restarts(service: Coordinator) -> N
     assert service.federation_status(fid)["open_round"]["round"] == 2
 
 
-def test_revoked_client_cannot_authenticate_and_is_not_selected(service: Coordinator) -> None:
+def test_revoked_client_cannot_authenticate_and_is_not_selected(
+    service: Coordinator,
+) -> None:
     fid, _ = _federation(service, min_clients=2, auto_advance=False)
     token, _ = service.create_enrollment_token(fid)
     client, client_token = service.enroll(fid, token, name="x", num_samples=5, info={})
@@ -224,7 +240,9 @@ def test_tasks_evaluate_then_train_then_done(service: Coordinator) -> None:
     assert evaluation["accuracy"] == pytest.approx(0.8) and evaluation["loss"] == pytest.approx(0.3)
 
 
-def test_download_of_base_prompt_is_counted_for_participants(service: Coordinator) -> None:
+def test_download_of_base_prompt_is_counted_for_participants(
+    service: Coordinator,
+) -> None:
     fid, spec = _federation(service)
     a, b = _enrol(service, fid, 2)
     pv = service.get_prompt(fid, 0, client=a)
@@ -251,7 +269,9 @@ def test_robust_rule_notes_appear_in_the_round_history(service: Coordinator) -> 
     assert set(notes) == {str(a.id), str(b.id)} and all("clipped" in n for n in notes.values())
 
 
-def test_invalid_aggregation_params_are_refused_at_creation(service: Coordinator) -> None:
+def test_invalid_aggregation_params_are_refused_at_creation(
+    service: Coordinator,
+) -> None:
     from coordinator.errors import Invalid
 
     with pytest.raises(Invalid, match="beta"):
@@ -273,21 +293,31 @@ def _race(*calls) -> list:  # type: ignore[no-untyped-def]
         return list(pool.map(run, calls))
 
 
-def test_concurrent_uploads_of_one_client_get_one_acknowledgement_or_a_conflict(service: Coordinator) -> None:
+def test_concurrent_uploads_of_one_client_get_one_acknowledgement_or_a_conflict(
+    service: Coordinator,
+) -> None:
     for trial in range(5):
         fid, spec = _federation(service, min_clients=2)
         a, _ = _enrol(service, fid, 2)
         blob = update_blob(spec, trial)
-        same = _race(partial(service.upload, fid, 1, a, blob), partial(service.upload, fid, 1, a, blob))
+        same = _race(
+            partial(service.upload, fid, 1, a, blob),
+            partial(service.upload, fid, 1, a, blob),
+        )
         assert sorted(r.created for r in same) == [False, True], same  # the loser gets the same answer
         assert {r.sha256 for r in same} == {wire.sha256(blob)}
         fid, spec = _federation(service, min_clients=2)
         a, _ = _enrol(service, fid, 2)
         other = _race(*(partial(service.upload, fid, 1, a, update_blob(spec, i)) for i in (1, 2)))
-        assert sorted(type(r).__name__ for r in other) == ["Conflict", "UploadResult"], other
+        assert sorted(type(r).__name__ for r in other) == [
+            "Conflict",
+            "UploadResult",
+        ], other
 
 
-def test_every_acknowledged_upload_racing_a_close_is_aggregated(service: Coordinator) -> None:
+def test_every_acknowledged_upload_racing_a_close_is_aggregated(
+    service: Coordinator,
+) -> None:
     for trial in range(5):
         fid, spec = _federation(service, min_clients=2, expected_clients=8, quorum=1)
         first, *rest = _enrol(service, fid, 8)
@@ -310,14 +340,14 @@ def test_uploads_arriving_together_are_committed_together_each_with_its_own_answ
     fid, spec = _federation(service, min_clients=6, expected_clients=6)
     clients = _enrol(service, fid, 6)
     batches: list[int] = []
-    write = service._store_update_batch
+    write = service.uploads._store_update_batch
 
     def slow_write(fid_: int, items):  # type: ignore[no-untyped-def]
         batches.append(len(items))
         time.sleep(0.05)  # a slow disk: the other uploads queue behind this transaction
         return write(fid_, items)
 
-    monkeypatch.setattr(service, "_store_update_batch", slow_write)
+    monkeypatch.setattr(service.uploads, "_store_update_batch", slow_write)
     blobs = [update_blob(spec, i) for i in range(6)]
     calls = [partial(service.upload, fid, 1, c, b) for c, b in zip(clients, blobs, strict=True)]
     calls.append(partial(service.upload, fid, 1, clients[0], blobs[0]))  # a re-send: same answer
@@ -333,19 +363,27 @@ def test_uploads_arriving_together_are_committed_together_each_with_its_own_answ
     assert service.round_detail(fid, 1)["stats"]["updates"] == 6  # all six aggregated
 
 
-def test_prompt_versions_held_in_memory_stay_few_and_old_ones_are_read_again(service: Coordinator) -> None:
+def test_prompt_versions_held_in_memory_stay_few_and_old_ones_are_read_again(
+    service: Coordinator,
+) -> None:
     from coordinator.db import PromptVersion
-    from coordinator.service import VERSION_CACHE_ENTRIES
+    from coordinator.store import VERSION_CACHE_ENTRIES
 
     fid, spec = _federation(service, min_clients=1)
     _enrol(service, fid, 1)  # round 1 opens: version 0 is final from now on
     blobs = {v: update_blob(spec, v) for v in range(1, 2 * VERSION_CACHE_ENTRIES)}
     with service.sessions.begin() as s:
         s.add_all(
-            PromptVersion(federation_id=fid, version=v, blob=b, sha256=wire.sha256(b), created_at=0.0)
+            PromptVersion(
+                federation_id=fid,
+                version=v,
+                blob=b,
+                sha256=wire.sha256(b),
+                created_at=0.0,
+            )
             for v, b in blobs.items()
         )
     for _ in range(2):
         for v, b in blobs.items():
             assert service.get_prompt(fid, v).blob == b
-        assert len(service._versions) <= VERSION_CACHE_ENTRIES
+        assert len(service.store._versions) <= VERSION_CACHE_ENTRIES

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from coordinator.errors import Invalid
-from coordinator.service import validate_spec
+from coordinator.logic.specs import validate_spec
 from shared.spec import SERVER_OPTIMIZER_DEFAULTS, FederationSpec, ServerOptimizerSpec
 
 

@@ -1,6 +1,6 @@
 """Property-based tests (hypothesis) of the validators that guard the API's inputs.
 
-`validate_spec` (POST /api/v1/federations) and `_parse_update_metadata` (the safetensors header of
+`validate_spec` (POST /api/v1/federations) and `parse_update_metadata` (the safetensors header of
 every upload) see whatever a caller sends: for any input they return a checked value or raise
 `Invalid` (a 422 with a message), never anything else (which would be a 500); what they accept
 comes back unchanged.
@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from coordinator.db import MAX_ID
 from coordinator.errors import Invalid
-from coordinator.service import _parse_update_metadata, validate_spec
+from coordinator.logic.specs import validate_spec
+from coordinator.logic.uploads import parse_update_metadata
 from shared import wire
 from shared.spec import FederationSpec
 
@@ -80,7 +81,7 @@ def metadata(draw: st.DrawFn) -> dict[str, str]:
 @given(meta=metadata())
 def test_any_metadata_is_accepted_checked_or_refused_with_invalid(meta: dict[str, str]) -> None:
     try:
-        num_samples, metrics = _parse_update_metadata(meta, SPEC)
+        num_samples, metrics = parse_update_metadata(meta, SPEC)
     except Invalid as exc:
         assert exc.status == 422 and exc.detail
         return
@@ -109,7 +110,7 @@ def test_valid_metadata_comes_back_unchanged(
         meta["metrics"] = json.dumps(metrics)
     if with_fingerprint:
         meta["model_fingerprint"] = "abc123"
-    assert _parse_update_metadata(meta, SPEC) == (num_samples, metrics)
+    assert parse_update_metadata(meta, SPEC) == (num_samples, metrics)
 
 
 @SETTINGS
@@ -117,7 +118,7 @@ def test_valid_metadata_comes_back_unchanged(
 def test_sample_counts_outside_the_32_bit_range_are_refused(num_samples: int) -> None:
     meta = {"format": wire.FORMAT, "num_samples": str(num_samples)}
     try:
-        _parse_update_metadata(meta, SPEC)
+        parse_update_metadata(meta, SPEC)
     except Invalid as exc:
         assert "num_samples" in exc.detail
     else:

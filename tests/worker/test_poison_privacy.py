@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from coordinator.service import summarize_evaluations
+from coordinator.logic.evaluation import summarize_evaluations
 from shared import wire
 from shared.privacy import gaussian_noise_multiplier
 from shared.spec import FederationSpec, PrivacySpec

@@ -23,12 +23,14 @@ from coordinator.api.jsonbody import BoundedJSONRoute
 from coordinator.api.problems import API_ERRORS, problem_responses
 from coordinator.api.schemas import Event, FederationStatus, InitialPrompt
 from coordinator.db import MAX_ID
-from coordinator.errors import Invalid
-from coordinator.service import validate_spec
+from coordinator.logic.specs import validate_spec
 from shared.spec import FederationSpec
 
 router = APIRouter(
-    prefix="/api/v1/federations", tags=["federations"], responses=API_ERRORS, route_class=BoundedJSONRoute
+    prefix="/api/v1/federations",
+    tags=["federations"],
+    responses=API_ERRORS,
+    route_class=BoundedJSONRoute,
 )
 
 
@@ -42,19 +44,9 @@ SpecBody = Annotated[
 
 
 @router.post("", status_code=201, dependencies=[AdminDep], response_model=FederationStatus)
-def create_federation(service: ServiceDep, settings: SettingsDep, spec: SpecBody) -> dict[str, Any]:
+def create_federation(service: ServiceDep, spec: SpecBody) -> dict[str, Any]:
     """Create a federation from a spec (JSON); an absent deadline takes the server's default."""
-    parsed = spec
-    if "round_deadline_s" not in spec.model_fields_set:
-        parsed = validate_spec({**spec.model_dump(), "round_deadline_s": settings.default_round_deadline_s})
-    size = parsed.prompt_bytes()
-    if size > settings.max_upload_bytes:
-        raise Invalid(
-            f"the prompt would be {size} bytes, over this coordinator's upload limit of "
-            f"{settings.max_upload_bytes} bytes (FEDPROMPT_MAX_UPLOAD_BYTES); use fewer virtual tokens, "
-            f"a smaller prompt encoder (encoder_hidden_size) or another method"
-        )
-    fed = service.create_federation(parsed)
+    fed = service.create_federation(spec)
     return service.federation_status(fed.id)
 
 
@@ -94,7 +86,10 @@ def resume(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
 
 @router.get("/{fid}/events", dependencies=[AdminDep], response_model=list[Event])
 def events(
-    fid: IdPath, service: ServiceDep, after: int = Query(0, ge=0, le=MAX_ID), limit: int = 200
+    fid: IdPath,
+    service: ServiceDep,
+    after: int = Query(0, ge=0, le=MAX_ID),
+    limit: int = 200,
 ) -> list[dict[str, Any]]:
     """The federation's audit trail (round opened/closed/failed, enrolments, revocations)."""
     return service.events(fid, after=after, limit=min(max(limit, 1), 1000))
@@ -111,17 +106,28 @@ def get_spec(fid: IdPath, service: ServiceDep, who: EitherDep) -> dict[str, Any]
     "/{fid}/prompts/{version}",
     response_class=Response,
     responses={
-        200: {"content": {"application/octet-stream": {}}, "description": "safetensors bytes"},
+        200: {
+            "content": {"application/octet-stream": {}},
+            "description": "safetensors bytes",
+        },
         304: {"description": "the version named by If-None-Match is current (no body)"},
     },
 )
 def get_prompt(
-    fid: IdPath, version: VersionPath, service: ServiceDep, who: EitherDep, request: Request
+    fid: IdPath,
+    version: VersionPath,
+    service: ServiceDep,
+    who: EitherDep,
+    request: Request,
 ) -> Response:
     """A global prompt version ('latest' or a number) as safetensors; ETag is its sha256."""
     pv = service.get_prompt(fid, version, client=who)
     etag = f'"{pv.sha256}"'
-    headers = {"ETag": etag, "X-Prompt-Version": str(pv.version), "X-Prompt-Sha256": pv.sha256}
+    headers = {
+        "ETag": etag,
+        "X-Prompt-Version": str(pv.version),
+        "X-Prompt-Sha256": pv.sha256,
+    }
     if request.headers.get("if-none-match") == etag:
         return Response(status_code=304, headers=headers)
     return Response(pv.blob, media_type="application/octet-stream", headers=headers)

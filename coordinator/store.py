@@ -1,0 +1,251 @@
+"""The store every use case works through: transactions, the federation lock, and what is cached.
+
+All state lives in the database. Every transition of a federation happens inside a transaction
+that first locks the federation's row (``SELECT … FOR UPDATE`` on Postgres; SQLite transactions
+take the write lock at BEGIN, queued on this process's WriteLock), then re-reads the state it acts
+on. So however many coordinator processes share the database, each round is opened, aggregated and
+closed exactly once, and an upload either lands in the round it was accepted for or is refused.
+
+Kept in memory, per process: what never changes once written (validated specs, frozen prompt
+versions, the number of clients a round selected) and each federation's change stamp, which the
+long-polls of this process share.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, defer, sessionmaker
+
+from coordinator.db import MAX_ID, WRITE_OPTION, Event, Federation, Participant, PromptVersion, Round, Update
+from coordinator.errors import Invalid, NotFound
+from coordinator.writelock import WriteLock
+from shared.spec import FederationSpec
+
+# A poll does not write last_seen_at again within a tenth of the federation's availability timeout
+# of the client's last recorded one, and never more than this long (5 s until the process has read
+# the federation's spec).
+HEARTBEAT_MAX_INTERVAL_S = 60.0
+HEARTBEAT_MIN_INTERVAL_S = 5.0
+# Prompt versions kept in memory, first in first out: the ones read every round are the latest
+# (which workers evaluate) and the open round's base, the same version.
+VERSION_CACHE_ENTRIES = 8
+
+Stamp = tuple[Any, ...]
+
+
+def no_federation(fid: int) -> NotFound:
+    return NotFound(f"federation {fid} does not exist; list them with GET /api/v1/federations")
+
+
+def final_version(fed: Any, number: int) -> bool:
+    """A prompt version that can no longer change: every one but 0, and 0 once round 1 has opened
+    (set_initial_prompt replaces it only before that)."""
+    return number > 0 or fed.current_round > 0
+
+
+class Store:
+    """Sessions, the federation lock, events, and the caches of what does not change."""
+
+    def __init__(self, sessions: sessionmaker, *, clock: Callable[[], float] = time.time) -> None:
+        self.sessions = sessions
+        self.clock = clock
+        bind = sessions.kw.get("bind")
+        self._write_lock = WriteLock() if bind is not None and bind.dialect.name == "sqlite" else None
+        self._specs: dict[int, FederationSpec] = {}  # a process serves one database; ids are never reused
+        self._heartbeat_s: dict[int, float] = {}  # fid -> seconds between recorded polls of a client
+        self._selected: dict[int, int] = {}  # round attempt id -> clients selected (fixed at its start)
+        self._versions: dict[tuple[int, int], PromptVersion] = {}  # oldest first, VERSION_CACHE_ENTRIES
+        self._versions_lock = threading.Lock()
+        self._stamps: dict[int, tuple[float, Stamp]] = {}  # fid -> (monotonic read time, stamp)
+        self._stamps_lock = threading.Lock()
+
+    # -- transactions and rows ------------------------------------------------------------------
+
+    @contextmanager
+    def tx(self, *, urgent: bool = False) -> Iterator[Session]:
+        """A writing transaction (on SQLite, queued on this process's WriteLock; urgent: an upload)."""
+        turn = self._write_lock.hold(urgent=urgent) if self._write_lock is not None else nullcontext()
+        with turn, self.sessions() as session, session.begin():
+            session.connection(execution_options={WRITE_OPTION: True})
+            yield session
+
+    def lock_federation(self, s: Session, fid: int, *, shared: bool = False) -> Federation:
+        """The federation row, locked until the transaction ends: exclusively (FOR UPDATE) by whatever
+        changes the federation or its rounds, shared (FOR SHARE) by uploads, which only need the round
+        they add to to stay open, so concurrent uploads commit together and a round closes only once
+        none is in flight. SQLite ignores both: its writing transactions are serialised as a whole."""
+        query = (
+            select(Federation)
+            .options(defer(Federation.spec))
+            .where(Federation.id == fid)
+            .with_for_update(read=shared)
+        )
+        fed = s.scalars(query).first()
+        if fed is None:
+            raise no_federation(fid)
+        return fed
+
+    def federation(self, s: Session, fid: int) -> Federation:
+        """The federation (NotFound if none); its spec is read only where spec_of has not validated it."""
+        fed = s.get(Federation, fid, options=[defer(Federation.spec)])
+        if fed is None:
+            raise no_federation(fid)
+        return fed
+
+    def fed_row(self, s: Session, fid: int) -> Any:
+        """The federation's changing columns as a plain row (the hot paths' cheap read of it)."""
+        columns = (Federation.id, Federation.state, Federation.current_round, Federation.latest_version)
+        row = s.connection().execute(select(*columns).where(Federation.id == fid)).first()
+        if row is None:
+            raise no_federation(fid)
+        return row
+
+    def event(self, s: Session, fid: int, kind: str, message: str, round_number: int | None = None) -> None:
+        """Add an entry to the federation's audit trail (in the caller's transaction)."""
+        s.add(
+            Event(
+                federation_id=fid,
+                kind=kind,
+                message=message,
+                round_number=round_number,
+                created_at=self.clock(),
+            )
+        )
+
+    def open_round(self, s: Session, fid: int) -> Round | None:
+        return s.scalars(select(Round).where(Round.federation_id == fid, Round.state == "open")).first()
+
+    def count_updates(self, s: Session, round_id: int) -> int:
+        return s.scalar(select(func.count()).select_from(Update).where(Update.round_id == round_id)) or 0
+
+    def all_uploaded(self, s: Session, rnd: Any) -> bool:
+        """Whether every client the round attempt selected has uploaded (the selection is cached)."""
+        selected = self._selected.get(rnd.id)  # fixed when the round opens
+        if selected is None:
+            selected = s.scalar(
+                select(func.count()).select_from(Participant).where(Participant.round_id == rnd.id)
+            )
+            if selected:
+                self._selected[rnd.id] = selected
+        return bool(selected) and self.count_updates(s, rnd.id) >= selected
+
+    # -- specs ----------------------------------------------------------------------------------
+
+    def spec_of(self, fed: Federation) -> FederationSpec:
+        """The federation's validated spec (validated once per process: a spec never changes)."""
+        spec = self._specs.get(fed.id)
+        return spec if spec is not None else self._remember_spec(fed.id, fed.spec)
+
+    def spec(self, s: Session, fid: int) -> FederationSpec:
+        """spec_of by id: no database read once this process has validated the spec."""
+        spec = self._specs.get(fid)
+        if spec is None:
+            raw = s.scalar(select(Federation.spec).where(Federation.id == fid))
+            if raw is None:
+                raise no_federation(fid)
+            spec = self._remember_spec(fid, raw)
+        return spec
+
+    def cached_spec(self, fid: int) -> FederationSpec:
+        """spec, opening a session only when this process has not validated it yet."""
+        spec = self._specs.get(fid)
+        if spec is None:
+            with self.sessions() as s:
+                spec = self.spec(s, fid)
+        return spec
+
+    def _remember_spec(self, fid: int, raw: dict[str, Any]) -> FederationSpec:
+        spec = self._specs[fid] = FederationSpec.model_validate(raw)
+        self._heartbeat_s[fid] = min(HEARTBEAT_MAX_INTERVAL_S, spec.availability_timeout_s / 10)
+        return spec
+
+    def heartbeat_interval(self, fid: int) -> float:
+        """Seconds between two recorded polls of a client of the federation."""
+        return self._heartbeat_s.get(fid, HEARTBEAT_MIN_INTERVAL_S)
+
+    # -- prompt versions ------------------------------------------------------------------------
+
+    def version(self, s: Session, fed: Any, number: int) -> PromptVersion | None:
+        """A prompt version with its blob; kept in memory once it can no longer change (every version
+        but 0, and 0 once round 1 has opened). Versions are 30 KB–2 MB; a federation has one per round."""
+        key = (fed.id, number)
+        pv = self._versions.get(key)
+        if pv is not None:
+            return pv
+        pv = s.scalars(
+            select(PromptVersion).where(
+                PromptVersion.federation_id == fed.id, PromptVersion.version == number
+            )
+        ).first()
+        if pv is not None and final_version(fed, number):
+            s.expunge(pv)
+            with self._versions_lock:
+                self._versions[key] = pv
+                while len(self._versions) > VERSION_CACHE_ENTRIES:
+                    del self._versions[next(iter(self._versions))]
+        return pv
+
+    def version_sha(self, s: Session, fed: Any, number: int) -> str:
+        """The sha256 of an existing prompt version (without loading its blob unless it gets cached)."""
+        pv = self._versions.get((fed.id, number))
+        if pv is not None:
+            return pv.sha256
+        if final_version(fed, number):
+            found = self.version(s, fed, number)
+            assert found is not None, f"federation {fed.id} has no prompt version {number}"
+            return found.sha256
+        return s.scalars(
+            select(PromptVersion.sha256).where(
+                PromptVersion.federation_id == fed.id, PromptVersion.version == number
+            )
+        ).one()
+
+    def prompt_version(self, s: Session, fid: int, version: str | int) -> tuple[Any, PromptVersion]:
+        """The federation's row and a prompt version of it, 'latest' or a number (NotFound if none)."""
+        fed = self.fed_row(s, fid)
+        if version == "latest":
+            number = fed.latest_version
+        else:
+            try:
+                number = int(version)
+            except ValueError:
+                raise Invalid(f"version must be a number or 'latest', not '{version}'") from None
+            if not 0 <= number <= MAX_ID:
+                raise NotFound(f"prompt version {number} does not exist; the latest is {fed.latest_version}")
+        pv = self.version(s, fed, number)
+        if pv is None:
+            raise NotFound(f"prompt version {number} does not exist; the latest is {fed.latest_version}")
+        return fed, pv
+
+    # -- change stamps --------------------------------------------------------------------------
+
+    def _cached_stamp(self, fid: int, max_age: float) -> Stamp | None:
+        """The federation's change stamp as this process last read it, if younger than max_age (no I/O)."""
+        hit = self._stamps.get(fid)
+        return hit[1] if hit is not None and time.monotonic() - hit[0] < max_age else None
+
+    def federation_stamp(self, fid: int, max_age: float) -> Stamp:
+        """What every client's next task depends on besides its own requests (state, round, version,
+        last change), read from the database at most once per max_age by this process: all the
+        long-polls waiting on a federation share one query instead of each re-running next_task."""
+        with self._stamps_lock:
+            stamp = self._cached_stamp(fid, max_age)
+            if stamp is None:
+                with self.sessions() as s:
+                    row = s.execute(
+                        select(
+                            Federation.state,
+                            Federation.current_round,
+                            Federation.latest_version,
+                            Federation.updated_at,
+                        ).where(Federation.id == fid)
+                    ).first()
+                stamp = tuple(row) if row is not None else ()
+                self._stamps[fid] = (time.monotonic(), stamp)
+        return stamp

@@ -1,0 +1,175 @@
+"""Enrolment and who is asking: enrolment tokens, clients and their tokens, heartbeats, revocation,
+and the dashboard sessions ended by their logout."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
+
+from coordinator.db import Client, EnrollmentToken, RevokedSession
+from coordinator.errors import Conflict, Forbidden, NotFound, Unauthorized
+from coordinator.security import hash_token, new_token
+from coordinator.store import Store
+from coordinator.usecases.rounds import RoundCycle
+
+# Past this many cached tokens the authentication cache starts afresh (it holds one entry per client).
+AUTH_CACHE_MAX_ENTRIES = 100_000
+
+
+class Enrolment:
+    """Enrolment tokens, client enrolment and authentication, revocation; dashboard sessions."""
+
+    def __init__(self, store: Store, cycle: RoundCycle, *, auth_cache_s: float = 30.0) -> None:
+        self.store = store
+        self.cycle = cycle
+        # token hash -> (monotonic time checked, client): requests of a client within auth_cache_s of
+        # its last check skip the lookup. A revocation by this process drops the client's entry at
+        # once; one made by another process is refused here within auth_cache_s, and an upload checks
+        # revocation in its own transaction whatever the cache says.
+        self.auth_cache_s = auth_cache_s
+        self._auth: dict[str, tuple[float, Client]] = {}
+
+    def create_enrollment_token(
+        self, fid: int, *, expires_in_s: float | None = None, max_uses: int | None = None
+    ) -> tuple[str, EnrollmentToken]:
+        """Issue an enrolment token (shown once); optional expiry and use limit."""
+        token = new_token("fpe")
+        now = self.store.clock()
+        with self.store.tx() as s:
+            self.store.federation(s, fid)
+            row = EnrollmentToken(
+                federation_id=fid,
+                token_hash=hash_token(token),
+                expires_at=None if expires_in_s is None else now + expires_in_s,
+                max_uses=max_uses,
+                uses=0,
+                created_at=now,
+            )
+            s.add(row)
+        return token, row
+
+    def enroll(
+        self, fid: int, token: str, *, name: str, num_samples: int, info: dict[str, Any]
+    ) -> tuple[Client, str]:
+        """Exchange an enrolment token for a client id and a client token (shown once)."""
+        now = self.store.clock()
+        client_token = new_token("fpc")
+        with self.store.tx() as s:
+            fed = self.store.lock_federation(s, fid)
+            row = s.scalars(
+                select(EnrollmentToken).where(
+                    EnrollmentToken.token_hash == hash_token(token), EnrollmentToken.federation_id == fid
+                )
+            ).first()
+            if row is None:
+                raise Unauthorized(
+                    f"unknown enrolment token for federation {fid}; ask the operator for a new one"
+                )
+            if row.expires_at is not None and now > row.expires_at:
+                raise Unauthorized("this enrolment token has expired; ask the operator for a new one")
+            if row.max_uses is not None and row.uses >= row.max_uses:
+                raise Unauthorized(
+                    f"this enrolment token is used up ({row.max_uses} uses); ask for a new one"
+                )
+            spec = self.store.spec_of(fed)
+            fingerprint = info.get("model_fingerprint")
+            if spec.model_fingerprint and fingerprint and fingerprint != spec.model_fingerprint:
+                raise Conflict(
+                    f"your model's fingerprint {fingerprint} differs from the federation's "
+                    f"{spec.model_fingerprint}; load the model '{spec.model}'"
+                )
+            row.uses += 1
+            client = Client(
+                federation_id=fid,
+                name=name,
+                token_hash=hash_token(client_token),
+                num_samples=num_samples,
+                info=info,
+                enrolled_at=now,
+                last_seen_at=now,
+            )
+            s.add(client)
+            s.flush()
+            message = f"client {client.id} '{name}' enrolled ({num_samples} samples)"
+            self.store.event(s, fid, "client_enrolled", message)
+            if fed.state == "waiting" and spec.auto_advance:
+                self.cycle.advance(s, fed, manual=False)
+        return client, client_token
+
+    def cached_client(self, token: str) -> Client | None:
+        """The client of a token checked within the last auth_cache_s seconds, if any (no I/O)."""
+        hit = self._auth.get(hash_token(token))
+        return hit[1] if hit is not None and time.monotonic() - hit[0] < self.auth_cache_s else None
+
+    def authenticate_client(self, fid: int, token: str) -> Client:
+        """The client owning a bearer token in this federation (read-only: refusals change nothing)."""
+        client = self.cached_client(token)
+        if client is None:
+            digest = hash_token(token)
+            with self.store.sessions() as s:
+                client = s.scalars(select(Client).where(Client.token_hash == digest)).first()
+            if client is not None and client.revoked_at is None and self.auth_cache_s > 0:
+                if len(self._auth) >= AUTH_CACHE_MAX_ENTRIES:
+                    self._auth.clear()
+                self._auth[digest] = (time.monotonic(), client)
+        if client is None:
+            raise Unauthorized("unknown client token; enrol again with an enrolment token")
+        if client.federation_id != fid:
+            raise Forbidden(f"this client token belongs to federation {client.federation_id}, not {fid}")
+        if client.revoked_at is not None:
+            raise Forbidden(f"client {client.id} was revoked by the operator")
+        return client
+
+    def heartbeat_due(self, client: Client) -> bool:
+        """Whether a poll should record the client as seen (not when it was, moments ago: availability
+        is judged in minutes, so the write transaction is spared)."""
+        interval = self.store.heartbeat_interval(client.federation_id)
+        return not 0 <= self.store.clock() - client.last_seen_at < interval
+
+    def heartbeat(self, client: Client) -> None:
+        """Record that a client is alive (its task poll); unseen clients are not selected."""
+        if not self.heartbeat_due(client):
+            return
+        now = self.store.clock()
+        with self.store.tx() as s:
+            s.execute(update(Client).where(Client.id == client.id).values(last_seen_at=now))
+        client.last_seen_at = now  # the cached copy too, so the next polls skip the write
+
+    def revoke_client(self, fid: int, cid: int) -> None:
+        """Revoke a client: its token stops working and it is never selected again."""
+        with self.store.tx() as s:
+            self.store.lock_federation(s, fid)
+            client = s.get(Client, cid)
+            if client is None or client.federation_id != fid:
+                raise NotFound(f"client {cid} is not enrolled in federation {fid}")
+            if client.revoked_at is None:
+                client.revoked_at = self.store.clock()
+                self.store.event(s, fid, "client_revoked", f"client {cid} revoked")
+            token_hash = client.token_hash
+        self._auth.pop(token_hash, None)
+
+    # -- dashboard sessions ---------------------------------------------------------------------
+
+    def revoke_session(self, session_id: str, expires_at: float) -> None:
+        """Record a dashboard session as ended (its logout), so that no replica accepts its cookie
+        again; records of sessions past their expiry are dropped meanwhile (they are refused anyway)."""
+        now = self.store.clock()
+        digest = hash_token(session_id)
+        try:
+            with self.store.tx() as s:
+                s.execute(delete(RevokedSession).where(RevokedSession.expires_at < now))
+                if s.scalar(select(RevokedSession.id).where(RevokedSession.session_hash == digest)) is None:
+                    s.add(RevokedSession(session_hash=digest, expires_at=expires_at, revoked_at=now))
+        except IntegrityError:  # the same session's concurrent logout recorded it first
+            pass
+
+    def session_revoked(self, session_id: str) -> bool:
+        """Whether a dashboard session was ended by its logout (one indexed read)."""
+        with self.store.sessions() as s:
+            digest = hash_token(session_id)
+            return (
+                s.scalar(select(RevokedSession.id).where(RevokedSession.session_hash == digest)) is not None
+            )

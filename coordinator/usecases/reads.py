@@ -1,0 +1,244 @@
+"""Read models: federation status with its ledger, round history, clients, evaluations, events, and
+the counts behind the Prometheus gauges. Nothing here writes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from coordinator.db import Client, Evaluation, Event, Federation, Participant, Round, Update
+from coordinator.errors import NotFound
+from coordinator.logic.evaluation import summarize_evaluations
+from coordinator.logic.ledger import ledger
+from coordinator.logic.roundstats import privacy_record
+from coordinator.store import Store
+from shared.spec import PrivacySpec
+
+
+class Reads:
+    """What the operator, the dashboard and the metrics read of the federations."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def list_federations(self) -> list[dict[str, Any]]:
+        """Status of every federation."""
+        with self.store.sessions() as s:
+            ids = s.scalars(select(Federation.id).order_by(Federation.id)).all()
+        return [self.federation_status(fid) for fid in ids]
+
+    def federation_status(self, fid: int) -> dict[str, Any]:
+        """State, round, clients, latest metrics and the communication ledger of one federation."""
+        now = self.store.clock()
+        with self.store.sessions() as s:
+            fed = self.store.federation(s, fid)
+            spec = self.store.spec_of(fed)
+            clients = s.scalars(select(Client).where(Client.federation_id == fid)).all()
+            active = [c for c in clients if c.revoked_at is None]
+            available = [c for c in active if now - c.last_seen_at <= spec.availability_timeout_s]
+            open_round = self.store.open_round(s, fid)
+            latest_closed = s.scalars(
+                select(Round)
+                .where(Round.federation_id == fid, Round.state == "closed")
+                .order_by(Round.number.desc())
+                .limit(1)
+            ).first()
+            out: dict[str, Any] = {
+                "id": fed.id,
+                "name": fed.name,
+                "state": fed.state,
+                "paused": fed.paused,
+                "current_round": fed.current_round,
+                "rounds_total": spec.rounds,
+                "latest_version": fed.latest_version,
+                "clients": {"enrolled": len(clients), "active": len(active), "available": len(available)},
+                "open_round": self.round_summary(s, open_round) if open_round else None,
+                "latest": self.round_summary(s, latest_closed) if latest_closed else None,
+                "spec": fed.spec,
+                "created_at": fed.created_at,
+            }
+            closed = s.execute(
+                select(Round.number, Round.stats)
+                .where(Round.federation_id == fid, Round.state == "closed")
+                .order_by(Round.number)
+            ).all()
+            out["ledger"] = ledger(
+                [(n, st or {}) for n, st in closed],
+                params_per_client=spec.params_communicated(),
+                params_full_model=spec.params_full_model,
+                per_client=traffic_per_client(s, fid),
+            )
+            if spec.privacy is not None:
+                out["privacy"] = privacy_of(s, fid, spec.privacy)
+        return out
+
+    def round_summary(self, s: Session, rnd: Round) -> dict[str, Any]:
+        """One round attempt as the API shows it: timings, participants, stats and evaluation."""
+        participants = s.scalars(select(Participant).where(Participant.round_id == rnd.id)).all()
+        uploaded = set(s.scalars(select(Update.client_id).where(Update.round_id == rnd.id)).all())
+        return {
+            "round": rnd.number,
+            "attempt": rnd.attempt,
+            "state": rnd.state,
+            "base_version": rnd.base_version,
+            "result_version": rnd.result_version,
+            "opened_at": rnd.opened_at,
+            "deadline_at": rnd.deadline_at,
+            "closed_at": rnd.closed_at,
+            "closed_by": rnd.closed_by,
+            "seconds": (rnd.closed_at - rnd.opened_at) if rnd.closed_at else None,
+            "failure_reason": rnd.failure_reason,
+            "participants": [
+                {"client_id": p.client_id, "uploaded": p.client_id in uploaded} for p in participants
+            ],
+            "stats": rnd.stats,
+            "evaluation": evaluation_summary(s, rnd.federation_id, rnd.result_version),
+        }
+
+    def rounds(self, fid: int) -> list[dict[str, Any]]:
+        """The round history, every attempt, oldest first."""
+        with self.store.sessions() as s:
+            self.store.federation(s, fid)
+            rows = s.scalars(
+                select(Round).where(Round.federation_id == fid).order_by(Round.number, Round.attempt)
+            ).all()
+            return [self.round_summary(s, r) for r in rows]
+
+    def round_detail(self, fid: int, number: int | None = None, *, rid: int | None = None) -> dict[str, Any]:
+        """One round (its latest attempt)."""
+        with self.store.sessions() as s:
+            self.store.federation(s, fid)
+            q = select(Round).where(Round.federation_id == fid)
+            q = q.where(Round.id == rid) if rid is not None else q.where(Round.number == number)
+            rnd = s.scalars(q.order_by(Round.attempt.desc())).first()
+            if rnd is None:
+                raise NotFound(f"round {number} of federation {fid} has not been opened yet")
+            return self.round_summary(s, rnd)
+
+    def evaluations(self, fid: int, version: int) -> dict[str, Any] | None:
+        """Sample-weighted evaluation of one prompt version."""
+        with self.store.sessions() as s:
+            self.store.federation(s, fid)
+            return evaluation_summary(s, fid, version)
+
+    def list_clients(self, fid: int) -> list[dict[str, Any]]:
+        """Every client with its activity."""
+        with self.store.sessions() as s:
+            self.store.federation(s, fid)
+            clients = s.scalars(select(Client).where(Client.federation_id == fid).order_by(Client.id)).all()
+            rounds = count_per_client(s, Participant, fid)
+            uploads = count_per_client(s, Update, fid)
+        return [
+            {
+                "id": c.id,
+                "name": c.name,
+                "num_samples": c.num_samples,
+                "enrolled_at": c.enrolled_at,
+                "last_seen_at": c.last_seen_at,
+                "revoked": c.revoked_at is not None,
+                "rounds_selected": rounds.get(c.id, 0),
+                "updates": uploads.get(c.id, 0),
+                "info": c.info,
+            }
+            for c in clients
+        ]
+
+    def events(self, fid: int, *, after: int = 0, limit: int = 200) -> list[dict[str, Any]]:
+        """The federation's audit trail."""
+        with self.store.sessions() as s:
+            self.store.federation(s, fid)
+            rows = s.scalars(
+                select(Event)
+                .where(Event.federation_id == fid, Event.id > after)
+                .order_by(Event.id)
+                .limit(limit)
+            ).all()
+            return [
+                {
+                    "id": e.id,
+                    "kind": e.kind,
+                    "round": e.round_number,
+                    "message": e.message,
+                    "at": e.created_at,
+                }
+                for e in rows
+            ]
+
+    def gauge_counts(self) -> dict[str, Any]:
+        """Read-only counts for Prometheus gauges: federations and rounds by state, clients per federation."""
+        now = self.store.clock()
+        with self.store.sessions() as s:
+            feds = s.execute(select(Federation.id, Federation.state, Federation.spec)).all()
+            rounds = dict(s.execute(select(Round.state, func.count()).group_by(Round.state)).all())
+            clients = s.execute(select(Client.federation_id, Client.revoked_at, Client.last_seen_at)).all()
+        timeout = {fid: float((spec or {}).get("availability_timeout_s") or 600.0) for fid, _, spec in feds}
+        per_fed: dict[int, dict[str, int]] = {
+            fid: {"enrolled": 0, "revoked": 0, "active": 0} for fid, _, _ in feds
+        }
+        for fid, revoked_at, last_seen in clients:
+            counts = per_fed.setdefault(fid, {"enrolled": 0, "revoked": 0, "active": 0})
+            counts["enrolled"] += 1
+            if revoked_at is not None:
+                counts["revoked"] += 1
+            elif now - last_seen <= timeout.get(fid, 600.0):
+                counts["active"] += 1
+        by_state: dict[str, int] = {}
+        for _, state, _ in feds:
+            by_state[state] = by_state.get(state, 0) + 1
+        return {"federations": by_state, "rounds": rounds, "clients": per_fed}
+
+
+def evaluation_summary(s: Session, fid: int, version: int | None) -> dict[str, Any] | None:
+    """The summary of the clients' reports on a prompt version (None: none yet, or no version)."""
+    if version is None:
+        return None
+    rows = s.scalars(
+        select(Evaluation).where(Evaluation.federation_id == fid, Evaluation.version == version)
+    ).all()
+    return summarize_evaluations(version, rows)
+
+
+def count_per_client(s: Session, table: type[Participant] | type[Update], fid: int) -> dict[int, int]:
+    """Rows of a per-round table (participants, updates) per client of a federation."""
+    query = (
+        select(table.client_id, func.count())
+        .join(Round, Round.id == table.round_id)
+        .where(Round.federation_id == fid)
+        .group_by(table.client_id)
+    )
+    return {cid: n for cid, n in s.execute(query).all()}
+
+
+def privacy_of(
+    s: Session, fid: int, privacy: PrivacySpec, client_ids: list[int] | None = None
+) -> dict[str, Any]:
+    """The federation's LDP record (logic.roundstats.privacy_record) over the updates stored so far."""
+    return privacy_record(privacy, count_per_client(s, Update, fid), client_ids)
+
+
+def traffic_per_client(s: Session, fid: int) -> dict[int, dict[str, int]]:
+    """Per client: updates stored and their bytes, prompt downloads by participants and their bytes."""
+    up = (
+        select(Update.client_id, func.count(), func.coalesce(func.sum(Update.size), 0))
+        .join(Round, Round.id == Update.round_id)
+        .where(Round.federation_id == fid)
+        .group_by(Update.client_id)
+    )
+    down = (
+        select(Participant.client_id, func.count(), func.coalesce(func.sum(Participant.downloaded_bytes), 0))
+        .join(Round, Round.id == Participant.round_id)
+        .where(Round.federation_id == fid, Participant.downloaded_bytes > 0)
+        .group_by(Participant.client_id)
+    )
+    out: dict[int, dict[str, int]] = {}
+    for cid, n, size in s.execute(up).all():
+        out.setdefault(cid, {"uploads": 0, "bytes_up": 0, "downloads": 0, "bytes_down": 0}).update(
+            uploads=int(n), bytes_up=int(size)
+        )
+    for cid, n, size in s.execute(down).all():
+        out.setdefault(cid, {"uploads": 0, "bytes_up": 0, "downloads": 0, "bytes_down": 0}).update(
+            downloads=int(n), bytes_down=int(size)
+        )
+    return out

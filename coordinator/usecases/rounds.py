@@ -1,0 +1,356 @@
+"""Rounds: opened with a seeded selection, closed when complete or at the deadline, aggregated into
+the next prompt version (the rule, then the server optimiser's step), failed below the quorum.
+
+Every method that changes a round holds the federation's lock (Store.lock_federation) for its
+whole transaction, so each round is opened, aggregated and closed exactly once across processes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session, defer
+
+from coordinator.db import (
+    Client,
+    Federation,
+    Participant,
+    PromptVersion,
+    Round,
+    ServerOptimizerState,
+    Update,
+)
+from coordinator.errors import Conflict
+from coordinator.logic import server_optim
+from coordinator.logic.aggregation import (
+    AggregationError,
+    AggregationResult,
+    aggregate,
+    fedavg_stream,
+)
+from coordinator.logic.roundstats import round_stats
+from coordinator.logic.selection import select_clients
+from coordinator.store import Store
+from coordinator.usecases.reads import Reads, privacy_of
+from shared import wire
+from shared.spec import FederationSpec, ServerOptimizerSpec
+
+
+class RoundCycle:
+    """Opening, closing, aggregating and failing rounds; the periodic sweep of deadlines."""
+
+    def __init__(self, store: Store, reads: Reads) -> None:
+        self.store = store
+        self.reads = reads
+
+    # -- operator -------------------------------------------------------------------------------
+
+    def open_round(self, fid: int) -> dict[str, Any]:
+        """Operator: open the next round now."""
+        with self.store.tx() as s:
+            fed = self.store.lock_federation(s, fid)
+            spec = self.store.spec_of(fed)
+            if fed.state == "completed":
+                raise Conflict(f"federation {fid} has completed all {spec.rounds} rounds")
+            current = self.store.open_round(s, fid)
+            if current is not None:
+                raise Conflict(f"round {current.number} is still open; close it first (POST …/close)")
+            rnd = self.advance(s, fed, manual=True)
+            if rnd is None:
+                available = s.scalar(select(func.count(Client.id)).where(*self._availability(fed, spec)))
+                raise Conflict(
+                    f"cannot open a round: {available} client(s) available, the federation needs "
+                    f"{spec.min_clients} (min_clients) or {spec.expected_clients} (expected_clients) for round 1; "
+                    "enrol more workers"
+                )
+            rid = rnd.id
+        return self.reads.round_detail(fid, rid=rid)
+
+    def close_round(self, fid: int, number: int, *, by: str = "operator") -> dict[str, Any]:
+        """Operator: aggregate the open round now with the updates that arrived (at least quorum)."""
+        with self.store.tx() as s:
+            fed = self.store.lock_federation(s, fid)
+            rnd = self.store.open_round(s, fid)
+            if rnd is None or rnd.number != number:
+                raise Conflict(f"round {number} is not open" + (f"; round {rnd.number} is" if rnd else ""))
+            spec = self.store.spec_of(fed)
+            n = self.store.count_updates(s, rnd.id)
+            if n < spec.quorum:
+                raise Conflict(f"round {number} has {n} update(s), below the quorum of {spec.quorum}; wait")
+            self._aggregate(s, fed, rnd, by=by)
+            rid = rnd.id
+        return self.reads.round_detail(fid, rid=rid)
+
+    # -- automatic ------------------------------------------------------------------------------
+
+    def sweep(self) -> None:
+        """Enforce deadlines, close complete rounds and start due ones (run periodically by every process)."""
+        now = self.store.clock()
+        with self.store.sessions() as s:
+            feds = s.scalars(select(Federation).where(Federation.state.in_(("waiting", "running")))).all()
+            todo = [(f.id, f.state) for f in feds]
+        for fid, state in todo:
+            if state == "waiting":
+                with self.store.tx() as s:
+                    fed = self.store.lock_federation(s, fid)
+                    if fed.state == "waiting":
+                        self.advance(s, fed, manual=False)
+                continue
+            with self.store.sessions() as s:
+                rnd = self.store.open_round(s, fid)
+                due = rnd is not None and (rnd.deadline_at <= now or self.store.all_uploaded(s, rnd))
+            if due:
+                self._close_if_due(fid)
+
+    def after_upload(self, fid: int) -> None:
+        """Close the round now if that upload was the last one missing."""
+        with self.store.sessions() as s:  # the upload route calls it when its batch completed the round
+            rnd = s.execute(select(Round.id).where(Round.federation_id == fid, Round.state == "open")).first()
+            due = rnd is not None and self.store.all_uploaded(s, rnd)
+        if due:
+            self._close_if_due(fid)
+
+    def advance(self, s: Session, fed: Federation, *, manual: bool) -> Round | None:
+        """Open the next round if the federation is due one (caller holds the federation lock)."""
+        spec = self.store.spec_of(fed)
+        if fed.state == "completed" or self.store.open_round(s, fed.id) is not None:
+            return None
+        if not manual and (fed.paused or not spec.auto_advance):
+            fed.state = "paused" if fed.paused else "waiting"
+            return None
+        number, attempt = self._next_round(s, fed)
+        if number > spec.rounds:
+            fed.state = "completed"
+            return None
+        return self._start_round(s, fed, number, attempt)
+
+    def _availability(self, fed: Federation, spec: FederationSpec) -> tuple[Any, ...]:
+        """Where-clauses of the clients that count as available now."""
+        cutoff = self.store.clock() - spec.availability_timeout_s
+        return (
+            Client.federation_id == fed.id,
+            Client.revoked_at.is_(None),
+            Client.last_seen_at >= cutoff,
+        )
+
+    def _start_round(self, s: Session, fed: Federation, number: int, attempt: int) -> Round | None:
+        """Open round `number` (attempt `attempt`) with a fresh seeded selection, if enough clients."""
+        spec = self.store.spec_of(fed)
+        needed = spec.min_clients if number > 1 else (spec.expected_clients or spec.min_clients)
+        # count first: while clients enrol one by one, each enrolment asks and most answers are "not yet"
+        available_now = self._availability(fed, spec)
+        if s.scalar(select(func.count(Client.id)).where(*available_now)) < needed:
+            fed.state = "waiting"
+            return None
+        available = list(s.scalars(select(Client.id).where(*available_now)).all())
+        chosen = select_clients(
+            available,
+            spec.num_selected(len(available)),
+            seed=spec.seed,
+            round_number=number,
+            attempt=attempt,
+        )
+        now = self.store.clock()
+        rnd = Round(
+            federation_id=fed.id,
+            number=number,
+            attempt=attempt,
+            state="open",
+            base_version=number - 1,
+            opened_at=now,
+            deadline_at=now + spec.round_deadline_s,
+            stats={},
+        )
+        s.add(rnd)
+        s.flush()
+        s.add_all(Participant(round_id=rnd.id, client_id=cid) for cid in chosen)
+        fed.current_round, fed.state, fed.updated_at = number, "running", now
+        message = f"round {number} attempt {attempt} opened with clients {chosen}"
+        self.store.event(s, fed.id, "round_opened", message, number)
+        return rnd
+
+    def _next_round(self, s: Session, fed: Federation) -> tuple[int, int]:
+        """The round number and attempt to open next."""
+        last = s.scalars(
+            select(Round)
+            .where(Round.federation_id == fed.id)
+            .order_by(Round.number.desc(), Round.attempt.desc())
+        ).first()
+        if last is None:
+            return 1, 1
+        if last.state == "failed":
+            return last.number, last.attempt + 1
+        return last.number + 1, 1
+
+    def _close_if_due(self, fid: int) -> None:
+        """Close the open round if everyone uploaded or its deadline passed (fail it below quorum)."""
+        with self.store.tx() as s:
+            fed = self.store.lock_federation(s, fid)
+            rnd = self.store.open_round(s, fid)
+            if rnd is None:
+                return
+            spec = self.store.spec_of(fed)
+            if self.store.all_uploaded(s, rnd):
+                self._aggregate(s, fed, rnd, by="all-uploaded")
+            elif rnd.deadline_at <= self.store.clock():
+                n = self.store.count_updates(s, rnd.id)
+                if n >= spec.quorum:
+                    self._aggregate(s, fed, rnd, by="deadline")
+                else:
+                    rnd.state, rnd.closed_at = "failed", self.store.clock()
+                    rnd.failure_reason = (
+                        f"deadline passed with {n} update(s), below the quorum of {spec.quorum}"
+                    )
+                    self.store.event(s, fid, "round_failed", rnd.failure_reason, rnd.number)
+                    fed.state = "waiting"
+                    if not fed.paused:  # retry at once with a fresh selection
+                        self.advance(s, fed, manual=True)
+
+    # -- aggregation ----------------------------------------------------------------------------
+
+    def _aggregate(self, s: Session, fed: Federation, rnd: Round, *, by: str) -> None:
+        """Aggregate a round into the next prompt version and open the next round (lock held)."""
+        started = time.perf_counter()
+        rnd.state = "aggregating"
+        spec = self.store.spec_of(fed)
+        updates = s.scalars(
+            select(Update)
+            .options(defer(Update.blob))
+            .where(Update.round_id == rnd.id)
+            .order_by(Update.client_id)
+        ).all()
+        base = s.scalars(
+            select(PromptVersion).where(
+                PromptVersion.federation_id == fed.id,
+                PromptVersion.version == rnd.base_version,
+            )
+        ).one()
+        try:
+            if spec.aggregation.name == "fedavg":  # streams: one decoded update in memory at a time
+                total = float(sum(u.num_samples for u in updates))
+                result = AggregationResult(fedavg_stream(decoded_updates(s, rnd, canonical=True), total))
+            else:
+                result = aggregate(
+                    spec.aggregation.name,
+                    list(decoded_updates(s, rnd, canonical=False)),
+                    params=spec.aggregation.params,
+                    global_tensors=wire.decode(base.blob)[0],
+                )
+            server_step: dict[str, Any] | None = None
+            if spec.server_optimizer is not None and spec.server_optimizer.name != "fedavg":
+                result, server_step = self._server_step(s, fed.id, rnd, spec.server_optimizer, base, result)
+        except AggregationError as exc:
+            raise Conflict(f"aggregation failed: {exc}") from None
+        version = rnd.number
+        blob = wire.encode(
+            result.tensors,
+            {"version": str(version), "round": str(rnd.number), "method": spec.method},
+        )
+        now = self.store.clock()
+        s.add(
+            PromptVersion(
+                federation_id=fed.id,
+                version=version,
+                round_id=rnd.id,
+                blob=blob,
+                sha256=wire.sha256(blob),
+                created_at=now,
+            )
+        )
+        downloads = s.scalars(
+            select(Participant.downloaded_bytes).where(Participant.round_id == rnd.id)
+        ).all()
+        privacy = None
+        if spec.privacy is not None:
+            privacy = privacy_of(s, fed.id, spec.privacy, [u.client_id for u in updates])
+        # assigned whole: a JSON column does not track in-place changes
+        rnd.stats = round_stats(
+            updates,
+            downloads,
+            notes=result.notes,
+            aggregation_s=time.perf_counter() - started,  # decode, aggregate, encode
+            server_optimizer=server_step,
+            privacy=privacy,
+        )
+        rnd.state, rnd.result_version, rnd.closed_at, rnd.closed_by = (
+            "closed",
+            version,
+            now,
+            by,
+        )
+        fed.latest_version, fed.updated_at = version, now
+        message = f"round {rnd.number} aggregated {len(updates)} update(s)"
+        self.store.event(s, fed.id, "round_closed", message, rnd.number)
+        if rnd.number >= spec.rounds:
+            fed.state = "completed"
+            self.store.event(s, fed.id, "completed", f"all {spec.rounds} rounds done")
+        else:
+            fed.state = "waiting"
+            self.advance(s, fed, manual=False)
+
+    def _server_step(
+        self,
+        s: Session,
+        fid: int,
+        rnd: Round,
+        optimizer: ServerOptimizerSpec,
+        base: PromptVersion,
+        result: AggregationResult,
+    ) -> tuple[AggregationResult, dict[str, Any]]:
+        """Move the round's base prompt by the server optimiser, the aggregate giving the pseudo-gradient.
+
+        Its state after the base version is read, and the state after this round's version written, in
+        the aggregating transaction (federation lock held): it lives only in the database, so it
+        survives restarts and every replica steps from the same state. Only the latest state is kept.
+        """
+        held = s.scalars(
+            select(ServerOptimizerState.blob).where(
+                ServerOptimizerState.federation_id == fid,
+                ServerOptimizerState.version == rnd.base_version,
+            )
+        ).first()
+        state = server_optim.decode_state(held) if held is not None else {}
+        x = wire.decode(base.blob)[0]
+        step = server_optim.server_step(optimizer.name, x, result.tensors, state, optimizer.params())
+        s.execute(
+            delete(ServerOptimizerState).where(
+                ServerOptimizerState.federation_id == fid,
+                ServerOptimizerState.version < rnd.number,
+            )
+        )
+        s.add(
+            ServerOptimizerState(
+                federation_id=fid,
+                version=rnd.number,
+                optimizer=optimizer.name,
+                blob=server_optim.encode_state(step.state, {"optimizer": optimizer.name}),
+                created_at=self.store.clock(),
+            )
+        )
+        record = {
+            "name": optimizer.name,
+            **optimizer.params(),
+            "step": step.step,  # 1 in round 1; a lower one means the state was missing and restarted
+            "pseudo_gradient_norm": server_optim.distance(result.tensors, x),  # ||aggregate - base||
+            "update_norm": server_optim.distance(step.tensors, x),  # ||new prompt - base||
+        }
+        return AggregationResult(step.tensors, result.notes), record
+
+
+def decoded_updates(s: Session, rnd: Round, *, canonical: bool) -> Iterator[tuple[dict[str, Any], float]]:
+    """A round's updates decoded one at a time, weighted by their stored num_samples: in content order
+    (canonical) or by client id."""
+    order = (Update.num_samples, Update.sha256) if canonical else (Update.client_id,)
+    rows = s.execute(
+        select(Update.id, Update.num_samples).where(Update.round_id == rnd.id).order_by(*order)
+    ).all()
+    for start in range(0, len(rows), 64):  # blobs 64 at a time, never the whole round
+        chunk = rows[start : start + 64]
+        blobs = dict(
+            s.execute(select(Update.id, Update.blob).where(Update.id.in_([r[0] for r in chunk]))).all()
+        )
+        for uid, num_samples in chunk:
+            yield wire.decode(blobs.pop(uid))[0], float(num_samples)

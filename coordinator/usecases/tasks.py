@@ -1,0 +1,114 @@
+"""What a worker is asked to do and given: its next task, and the prompt versions it downloads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import and_, select, update
+
+from coordinator.db import Client, Evaluation, Participant, PromptVersion, Round, Update
+from coordinator.store import Store
+
+
+class Tasks:
+    """A client's next task, and prompt downloads (a participant's counted for the ledger)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def get_prompt(self, fid: int, version: str | int, *, client: Client | None = None) -> PromptVersion:
+        """A prompt version's blob ('latest' or a number); counts a participant's download."""
+        record: int | None = None
+        with self.store.sessions() as s:  # a read; the download is recorded below only when it changes
+            _, pv = self.store.prompt_version(s, fid, version)
+            if client is not None:
+                part = s.execute(
+                    select(Participant.id, Participant.downloaded_bytes)
+                    .join(Round, Round.id == Participant.round_id)
+                    .where(
+                        Round.federation_id == fid,
+                        Round.state == "open",
+                        Round.base_version == pv.version,
+                        Participant.client_id == client.id,
+                    )
+                ).first()
+                if part is not None and part.downloaded_bytes != len(pv.blob):
+                    record = part.id
+        if record is not None:
+            with self.store.tx() as s:
+                s.execute(
+                    update(Participant).where(Participant.id == record).values(downloaded_bytes=len(pv.blob))
+                )
+        return pv
+
+    def next_task(self, fid: int, client: Client) -> dict[str, Any] | None:
+        """What this client should do now: evaluate the latest prompt, train for a round, or nothing."""
+        with self.store.sessions() as s:
+            c = s.connection()  # plain column reads on the Core connection: no ORM result processing
+            fed = self.store.fed_row(s, fid)
+            spec = self.store.spec(s, fid)
+            latest = fed.latest_version
+            evaluated = c.scalar(
+                select(Evaluation.id)
+                .where(
+                    Evaluation.federation_id == fid,
+                    Evaluation.version == latest,
+                    Evaluation.client_id == client.id,
+                )
+                .limit(1)
+            )
+            if evaluated is None:
+                return {
+                    "kind": "evaluate",
+                    "round": latest,
+                    "version": latest,
+                    "sha256": self.store.version_sha(s, fed, latest),
+                }
+            rnd = c.execute(
+                select(
+                    Round.id,
+                    Round.number,
+                    Round.attempt,
+                    Round.base_version,
+                    Round.deadline_at,
+                ).where(Round.federation_id == fid, Round.state == "open")
+            ).first()
+            if rnd is not None:
+                pending = c.scalar(  # selected for the round and not uploaded yet
+                    select(Participant.id)
+                    .outerjoin(
+                        Update,
+                        and_(
+                            Update.round_id == Participant.round_id,
+                            Update.client_id == Participant.client_id,
+                        ),
+                    )
+                    .where(
+                        Participant.round_id == rnd.id,
+                        Participant.client_id == client.id,
+                        Update.id.is_(None),
+                    )
+                )
+                if pending is not None:
+                    return {
+                        "kind": "train",
+                        "round": rnd.number,
+                        "attempt": rnd.attempt,
+                        "version": rnd.base_version,
+                        "sha256": self.store.version_sha(s, fed, rnd.base_version),
+                        "deadline_at": rnd.deadline_at,
+                        "config": {
+                            "local_steps": spec.local_steps,
+                            "batch_size": spec.batch_size,
+                            "lr": spec.lr,
+                            "grad_clip": spec.grad_clip,
+                            "seed": spec.seed,
+                        },
+                    }
+            if fed.state == "completed":
+                return {
+                    "kind": "done",
+                    "round": fed.current_round,
+                    "version": fed.latest_version,
+                }
+        return None

@@ -1,0 +1,253 @@
+"""What workers send: updates (validated whole, then committed in groups) and evaluation reports.
+
+An upload is checked completely before anything is stored (wire format, shapes, metadata), then
+handed to its federation's group commit: the uploads arriving meanwhile are stored together in one
+short transaction (coordinator/groupcommit.py), each with its own answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import insert, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import defer
+
+from coordinator.db import Client, Evaluation, Federation, Participant, Round, Update
+from coordinator.errors import Forbidden, Invalid, NotFound, ServiceError
+from coordinator.groupcommit import GroupCommit
+from coordinator.logic.uploads import (
+    PendingUpload,
+    StoredUpdate,
+    UploadResult,
+    check_update,
+    no_replacing,
+    parse_update_metadata,
+)
+from coordinator.store import Store, no_federation
+from shared import wire
+
+Outcome = UploadResult | ServiceError | IntegrityError
+
+
+class Uploads:
+    """Updates and evaluation reports of clients."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._batchers: dict[int, GroupCommit[PendingUpload, UploadResult]] = {}  # fid -> its group commit
+
+    def upload(self, fid: int, number: int, client: Client, body: bytes) -> UploadResult:
+        """Accept a client's update for a round: validated fully before anything is stored, then
+        committed together with the other uploads arriving meanwhile (see _store_updates)."""
+        digest = wire.sha256(body)
+        spec = self.store.cached_spec(fid)
+        try:
+            tensors, meta = wire.decode_checked(body, spec.tensor_shapes())
+        except wire.WireError as exc:
+            raise Invalid(str(exc)) from None
+        num_samples, metrics = parse_update_metadata(meta, spec)
+        del tensors  # validated; the blob is stored exactly as received
+        pending = PendingUpload(
+            number,
+            client.id,
+            body,
+            digest,
+            num_samples,
+            metrics,
+            meta.get("base_version"),
+        )
+        batcher = self._batchers.get(fid)
+        if batcher is None:
+            batcher = self._batchers.setdefault(fid, GroupCommit(functools.partial(self._store_updates, fid)))
+        try:
+            return batcher.submit(pending)
+        except IntegrityError:  # the same client's concurrent upload for this round committed first
+            return self._concurrent_upload(fid, number, client, digest)
+
+    def _store_updates(self, fid: int, items: Sequence[PendingUpload]) -> list[Outcome]:
+        """Store a batch of validated updates in one transaction; each item's answer, or why not."""
+        try:
+            return list(self._store_update_batch(fid, items))
+        except IntegrityError as exc:
+            if len(items) == 1:
+                return [exc]
+        # another process stored an update of one of these clients meanwhile: each on its own,
+        # so that only that one answers with the conflict
+        out: list[Outcome] = []
+        for item in items:
+            try:
+                out.extend(self._store_update_batch(fid, [item]))
+            except IntegrityError as exc:
+                out.append(exc)
+        return out
+
+    def _store_update_batch(
+        self, fid: int, items: Sequence[PendingUpload]
+    ) -> list[UploadResult | ServiceError]:
+        """The checks and inserts of a batch of uploads in one transaction: a handful of column reads
+        for the whole batch and one multi-row insert, no ORM objects. On SQLite this transaction
+        holds the write lock, so its length bounds how many uploads a second the coordinator takes."""
+        with self.store.tx(urgent=True) as s:
+            c = s.connection()  # column reads and a multi-row insert on the Core connection
+            current_round = c.scalar(  # FOR SHARE: see Store.lock_federation
+                select(Federation.current_round).where(Federation.id == fid).with_for_update(read=True)
+            )
+            if current_round is None:
+                return [no_federation(fid) for _ in items]
+            attempts: dict[int, list[Any]] = defaultdict(list)  # round number -> attempts, latest first
+            for row in c.execute(
+                select(
+                    Round.id,
+                    Round.number,
+                    Round.attempt,
+                    Round.state,
+                    Round.base_version,
+                )
+                .where(
+                    Round.federation_id == fid,
+                    Round.number.in_({i.number for i in items}),
+                )
+                .order_by(Round.number, Round.attempt.desc())
+            ):
+                attempts[row.number].append(row)
+            clients = {i.client_id for i in items}
+            round_ids = [r.id for rows in attempts.values() for r in rows]
+            stored: dict[tuple[int, int], StoredUpdate] = {
+                (row.round_id, row.client_id): StoredUpdate(row.sha256, row.num_samples, row.size)
+                for row in c.execute(
+                    select(
+                        Update.round_id,
+                        Update.client_id,
+                        Update.sha256,
+                        Update.num_samples,
+                        Update.size,
+                    ).where(Update.round_id.in_(round_ids), Update.client_id.in_(clients))
+                )
+            }
+            selected = {
+                (row.round_id, row.client_id): row.revoked_at
+                for row in c.execute(
+                    select(Participant.round_id, Participant.client_id, Client.revoked_at)
+                    .join(Client, Client.id == Participant.client_id)
+                    .where(
+                        Participant.round_id.in_([rows[0].id for rows in attempts.values()]),
+                        Participant.client_id.in_(clients),
+                    )
+                )
+            }
+            out: list[UploadResult | ServiceError] = []
+            rows: list[dict[str, Any]] = []
+            for item in items:
+                try:
+                    result = check_update(
+                        item,
+                        attempts.get(item.number, []),
+                        stored,
+                        selected,
+                        current_round,
+                    )
+                except ServiceError as exc:
+                    out.append(exc)
+                    continue
+                out.append(result)
+                if result.created:  # a second upload of the same client in this batch sees this one
+                    round_id = attempts[item.number][0].id
+                    stored[(round_id, item.client_id)] = StoredUpdate(
+                        item.digest, result.num_samples, result.size
+                    )
+                    rows.append(
+                        {
+                            "round_id": round_id,
+                            "client_id": item.client_id,
+                            "blob": item.body,
+                            "sha256": item.digest,
+                            "num_samples": result.num_samples,
+                            "metrics": item.metrics,
+                            "size": result.size,
+                            "created_at": self.store.clock(),
+                        }
+                    )
+            if rows:
+                c.execute(insert(Update), rows)
+                for number in {
+                    i.number for i, r in zip(items, out, strict=True) if isinstance(r, UploadResult)
+                }:
+                    if self.store.all_uploaded(s, attempts[number][0]):
+                        out = [
+                            dataclasses.replace(r, round_complete=True)
+                            if isinstance(r, UploadResult) and r.created and r.round == number
+                            else r
+                            for r in out
+                        ]
+        return out
+
+    def _concurrent_upload(self, fid: int, number: int, client: Client, digest: str) -> UploadResult:
+        """The answer to an upload that lost the race to an upload of the same client for the same
+        round: the same acknowledgement if it carried the same bytes, a conflict otherwise."""
+        with self.store.sessions() as s:
+            row = s.execute(
+                select(Update, Round.attempt)
+                .options(defer(Update.blob))
+                .join(Round, Round.id == Update.round_id)
+                .where(
+                    Round.federation_id == fid,
+                    Round.number == number,
+                    Update.client_id == client.id,
+                )
+                .order_by(Round.attempt.desc())
+            ).first()
+        if row is not None and row[0].sha256 == digest:
+            upd, attempt = row
+            return UploadResult(
+                number,
+                attempt,
+                client.id,
+                digest,
+                upd.num_samples,
+                upd.size,
+                created=False,
+            )
+        raise no_replacing(client.id, number)
+
+    def report_evaluation(self, fid: int, version: int, client: Client, payload: dict[str, Any]) -> bool:
+        """Store a client's evaluation of a prompt version; a repeat is a no-op. True if stored."""
+        try:
+            with self.store.tx() as s:  # column reads and a Core insert: short, like an upload's
+                latest = s.scalar(select(Federation.latest_version).where(Federation.id == fid))
+                if latest is None:
+                    raise no_federation(fid)
+                if version < 0 or version > latest:
+                    raise NotFound(f"prompt version {version} does not exist; the latest is {latest}")
+                # re-checked here like an upload's: a client revoked through another process is
+                # still in this one's authentication cache, and reports feed the dashboard's accuracy
+                if s.scalar(select(Client.revoked_at).where(Client.id == client.id)) is not None:
+                    raise Forbidden(f"client {client.id} was revoked by the operator")
+                exists = s.scalar(
+                    select(Evaluation.id).where(
+                        Evaluation.federation_id == fid,
+                        Evaluation.version == version,
+                        Evaluation.client_id == client.id,
+                    )
+                )
+                if exists is not None:
+                    return False
+                s.execute(
+                    insert(Evaluation).values(
+                        federation_id=fid,
+                        version=version,
+                        client_id=client.id,
+                        num_samples=int(payload["num_samples"]),
+                        accuracy=float(payload["accuracy"]),
+                        loss=None if payload.get("loss") is None else float(payload["loss"]),
+                        metrics=payload.get("metrics") or {},
+                        created_at=self.store.clock(),
+                    )
+                )
+        except IntegrityError:  # the same client's concurrent report committed first
+            return False
+        return True

@@ -1,0 +1,130 @@
+"""The coordinator's pure rules with literal inputs: upload checks, round statistics, the LDP record."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from coordinator.errors import Conflict, Forbidden, Gone, NotFound
+from coordinator.logic.roundstats import privacy_record, round_stats
+from coordinator.logic.uploads import (
+    PendingUpload,
+    StoredUpdate,
+    UploadReceipt,
+    check_update,
+)
+from shared.spec import PrivacySpec
+
+OPEN = SimpleNamespace(id=7, attempt=2, state="open", base_version=3)
+FAILED = SimpleNamespace(id=6, attempt=1, state="failed", base_version=3)
+
+
+def _item(
+    client_id: int = 1,
+    digest: str = "d1",
+    num_samples: int = 50,
+    base: str | None = "3",
+) -> PendingUpload:
+    return PendingUpload(4, client_id, b"x" * 10, digest, num_samples, {}, base)
+
+
+def _check(item: PendingUpload, **kw: Any) -> Any:
+    args: dict[str, Any] = {
+        "attempts": [OPEN, FAILED],
+        "stored": {},
+        "selected": {(7, 1): None},
+        "current_round": 4,
+    } | kw
+    return check_update(item, **args)
+
+
+def test_an_accepted_update_is_stored_as_declared() -> None:
+    result = _check(_item(num_samples=50))
+    assert result.created and (result.round, result.attempt, result.client_id) == (
+        4,
+        2,
+        1,
+    )
+    assert result.num_samples == 50 and result.size == 10
+
+
+def test_an_identical_resend_answers_as_stored_in_whichever_attempt() -> None:
+    stored = {(6, 1): StoredUpdate("d1", 9, 99)}
+    result = _check(_item(), stored=stored)
+    assert not result.created and (result.attempt, result.num_samples, result.size) == (
+        1,
+        9,
+        99,
+    )
+    assert result.receipt() == {
+        "round": 4,
+        "attempt": 1,
+        "client_id": 1,
+        "sha256": "d1",
+        "num_samples": 9,
+        "size": 99,
+    }
+
+
+@pytest.mark.parametrize(
+    ("kw", "item", "error"),
+    [
+        ({"attempts": []}, _item(), NotFound),
+        (
+            {"attempts": [SimpleNamespace(id=7, attempt=2, state="closed", base_version=3)]},
+            _item(),
+            Gone,
+        ),
+        ({"stored": {(7, 1): StoredUpdate("other", 20, 10)}}, _item(), Conflict),
+        ({"selected": {}}, _item(), Forbidden),
+        ({"selected": {(7, 1): 123.0}}, _item(), Forbidden),
+        ({}, _item(base="2"), Conflict),
+    ],
+)
+def test_refused_updates_say_why(kw: dict[str, Any], item: PendingUpload, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        _check(item, **kw)
+
+
+def test_the_receipt_is_the_api_answer() -> None:
+    assert list(_check(_item()).receipt()) == list(UploadReceipt.__dataclass_fields__)
+
+
+def _update(cid: int, n: int, size: int, **metrics: float) -> SimpleNamespace:
+    return SimpleNamespace(client_id=cid, num_samples=n, size=size, metrics=metrics)
+
+
+def test_round_stats_weigh_the_loss_and_note_rejections() -> None:
+    updates = [
+        _update(3, 10, 100, loss=1.0),
+        _update(5, 30, 100, loss=3.0, local_asr=0.9),
+    ]
+    stats = round_stats(updates, [40, 0, 40], notes={1: "rejected by krum"}, aggregation_s=0.5)
+    assert stats == {
+        "participants": 3,
+        "updates": 2,
+        "num_samples": 40,
+        "bytes_up": 200,
+        "bytes_down": 80,
+        "train_loss": pytest.approx(2.5),
+        "notes": {"5": "rejected by krum"},
+        "aggregation_s": 0.5,
+        "local_asr": {"5": 0.9},
+    }
+    plain = round_stats(
+        [_update(3, 10, 1)],
+        [1],
+        notes={},
+        aggregation_s=0.0,
+        server_optimizer={"name": "x"},
+    )
+    assert plain["train_loss"] is None and plain["notes"] == {} and plain["server_optimizer"] == {"name": "x"}
+
+
+def test_privacy_record_composes_each_clients_releases() -> None:
+    privacy = PrivacySpec(mechanism="laplace", epsilon=1.0, clip=1.0)
+    record = privacy_record(privacy, {1: 2, 2: 1})
+    assert record["cumulative_epsilon"] == {"1": 2.0, "2": 1.0} and record["max_cumulative_epsilon"] == 2.0
+    assert privacy_record(privacy, {1: 2}, [2])["cumulative_epsilon"] == {"2": 0.0}
