@@ -14,6 +14,7 @@ def round_stats(
     downloads: Sequence[int],
     *,
     notes: Mapping[int, str],
+    declared: Mapping[int, int] | None = None,
     aggregation_s: float,
     server_optimizer: dict[str, Any] | None = None,
     privacy: dict[str, Any] | None = None,
@@ -21,11 +22,18 @@ def round_stats(
     """A round's statistics from its aggregated updates (each with client_id, num_samples, size and
     metrics) and its participants' downloaded bytes.
 
-    `notes` are the aggregation rule's, by position in `updates`. train_loss is the updates' loss
-    weighted by their samples."""
+    `notes` are the aggregation rule's, by position in `updates`; `declared` maps a client to the
+    num_samples its update declared, and an update stored with fewer (clipped to the client's
+    enrolled figure) is noted too. train_loss is the updates' loss weighted by their samples."""
     samples = sum(u.num_samples for u in updates)
     losses = [(u.metrics.get("loss"), u.num_samples) for u in updates if u.metrics.get("loss") is not None]
     by_client = {str(updates[i].client_id): note for i, note in notes.items()}
+    for u in updates:
+        claimed = (declared or {}).get(u.client_id)
+        if claimed is not None and claimed > u.num_samples:
+            clipped = f"num_samples {claimed} clipped to {u.num_samples}, the figure the client enrolled with"
+            key = str(u.client_id)
+            by_client[key] = f"{by_client[key]}; {clipped}" if key in by_client else clipped
     stats: dict[str, Any] = {
         "participants": len(downloads),
         "updates": len(updates),
@@ -47,9 +55,7 @@ def round_stats(
 
 
 def privacy_record(
-    privacy: PrivacySpec,
-    uploads: Mapping[int, int],
-    client_ids: Sequence[int] | None = None,
+    privacy: PrivacySpec, uploads: Mapping[int, int], client_ids: Sequence[int] | None = None
 ) -> dict[str, Any]:
     """The LDP record shown in the status and each round's stats: the mechanism's settings (with the
     Gaussian noise multiplier), each client's cumulative epsilon (only `client_ids` when given) and

@@ -27,7 +27,7 @@ class UploadReceipt:
     attempt: int
     client_id: int
     sha256: str
-    num_samples: int
+    num_samples: int  # the weight stored: the declared figure, at most the client's enrolled one
     size: int
 
 
@@ -67,6 +67,19 @@ class StoredUpdate(NamedTuple):
     size: int
 
 
+class Selection(NamedTuple):
+    """A participant of a round as the checks see it: revoked or not, and the samples it enrolled with."""
+
+    revoked_at: float | None
+    enrolled_samples: int
+
+
+def weight(declared: int, enrolled: int) -> int:
+    """An update's FedAvg weight: the num_samples it declares, clipped to the figure its client enrolled
+    with (at least 1), so that a client cannot inflate its share of the average."""
+    return min(declared, max(enrolled, 1))
+
+
 def no_replacing(client_id: int, number: int) -> Conflict:
     return Conflict(
         f"client {client_id} already uploaded a different update for round {number}; "
@@ -78,14 +91,15 @@ def check_update(
     item: PendingUpload,
     attempts: Sequence[Any],
     stored: Mapping[tuple[int, int], StoredUpdate],
-    selected: Mapping[tuple[int, int], float | None],
+    selected: Mapping[tuple[int, int], Selection],
     current_round: int,
 ) -> UploadResult:
-    """Whether a validated upload may be stored: an UploadResult (created: insert it; not created:
-    an identical re-send of an acknowledged upload), or the ServiceError that says why not.
+    """Whether a validated upload may be stored: an UploadResult (created: insert it, with its weight
+    clipped to the enrolled figure; not created: an identical re-send of an acknowledged upload), or
+    the ServiceError that says why not.
 
     `attempts` are the round's attempts, latest first (rows with id, attempt, state, base_version);
-    `stored` and `selected` (a participant's revocation time) are keyed by (round attempt id, client id).
+    `stored` and `selected` are keyed by (round attempt id, client id).
     """
     number, cid, digest = item.number, item.client_id, item.digest
     if not attempts:
@@ -93,38 +107,24 @@ def check_update(
     for rnd in attempts:  # an identical re-send of an acknowledged upload: same answer
         upd = stored.get((rnd.id, cid))
         if upd is not None and upd.sha256 == digest:
-            return UploadResult(
-                number,
-                rnd.attempt,
-                cid,
-                digest,
-                upd.num_samples,
-                upd.size,
-                created=False,
-            )
+            return UploadResult(number, rnd.attempt, cid, digest, upd.num_samples, upd.size, created=False)
     current = attempts[0]
     if current.state != "open":
         raise Gone(f"round {number} is {current.state}; the current round is {current_round}")
     if (current.id, cid) in stored:
         raise no_replacing(cid, number)
-    if (current.id, cid) not in selected:
+    participant = selected.get((current.id, cid))
+    if participant is None:
         raise Forbidden(f"client {cid} was not selected for round {number}")
-    if selected[(current.id, cid)] is not None:  # revoked by another process, within its auth cache
+    if participant.revoked_at is not None:  # revoked by another process, within its auth cache
         raise Forbidden(f"client {cid} was revoked by the operator")
     if item.base_version is not None and item.base_version != str(current.base_version):
         raise Conflict(
             f"update was trained from prompt version {item.base_version}, but round {number} "
             f"starts from version {current.base_version}; download it and train again"
         )
-    return UploadResult(
-        number,
-        current.attempt,
-        cid,
-        digest,
-        item.num_samples,
-        len(item.body),
-        created=True,
-    )
+    samples = weight(item.num_samples, participant.enrolled_samples)
+    return UploadResult(number, current.attempt, cid, digest, samples, len(item.body), created=True)
 
 
 def _finite_number(value: Any) -> bool:

@@ -14,25 +14,13 @@ from typing import Any
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, defer
 
-from coordinator.db import (
-    Client,
-    Federation,
-    Participant,
-    PromptVersion,
-    Round,
-    ServerOptimizerState,
-    Update,
-)
+from coordinator.db import Client, Federation, Participant, PromptVersion, Round, ServerOptimizerState, Update
 from coordinator.errors import Conflict
 from coordinator.logic import server_optim
-from coordinator.logic.aggregation import (
-    AggregationError,
-    AggregationResult,
-    aggregate,
-    fedavg_stream,
-)
+from coordinator.logic.aggregation import AggregationError, AggregationResult, aggregate, fedavg_stream
 from coordinator.logic.roundstats import round_stats
 from coordinator.logic.selection import select_clients
+from coordinator.logic.uploads import declared_samples
 from coordinator.store import Store
 from coordinator.usecases.reads import Reads, privacy_of
 from shared import wire
@@ -130,11 +118,7 @@ class RoundCycle:
     def _availability(self, fed: Federation, spec: FederationSpec) -> tuple[Any, ...]:
         """Where-clauses of the clients that count as available now."""
         cutoff = self.store.clock() - spec.availability_timeout_s
-        return (
-            Client.federation_id == fed.id,
-            Client.revoked_at.is_(None),
-            Client.last_seen_at >= cutoff,
-        )
+        return (Client.federation_id == fed.id, Client.revoked_at.is_(None), Client.last_seen_at >= cutoff)
 
     def _start_round(self, s: Session, fed: Federation, number: int, attempt: int) -> Round | None:
         """Open round `number` (attempt `attempt`) with a fresh seeded selection, if enough clients."""
@@ -147,11 +131,7 @@ class RoundCycle:
             return None
         available = list(s.scalars(select(Client.id).where(*available_now)).all())
         chosen = select_clients(
-            available,
-            spec.num_selected(len(available)),
-            seed=spec.seed,
-            round_number=number,
-            attempt=attempt,
+            available, spec.num_selected(len(available)), seed=spec.seed, round_number=number, attempt=attempt
         )
         now = self.store.clock()
         rnd = Round(
@@ -224,18 +204,19 @@ class RoundCycle:
         ).all()
         base = s.scalars(
             select(PromptVersion).where(
-                PromptVersion.federation_id == fed.id,
-                PromptVersion.version == rnd.base_version,
+                PromptVersion.federation_id == fed.id, PromptVersion.version == rnd.base_version
             )
         ).one()
+        declared: dict[int, int] = {}  # client id -> the num_samples its update's metadata declares
         try:
             if spec.aggregation.name == "fedavg":  # streams: one decoded update in memory at a time
                 total = float(sum(u.num_samples for u in updates))
-                result = AggregationResult(fedavg_stream(decoded_updates(s, rnd, canonical=True), total))
+                decoded = decoded_updates(s, rnd, canonical=True, declared=declared)
+                result = AggregationResult(fedavg_stream(decoded, total))
             else:
                 result = aggregate(
                     spec.aggregation.name,
-                    list(decoded_updates(s, rnd, canonical=False)),
+                    list(decoded_updates(s, rnd, canonical=False, declared=declared)),
                     params=spec.aggregation.params,
                     global_tensors=wire.decode(base.blob)[0],
                 )
@@ -246,8 +227,7 @@ class RoundCycle:
             raise Conflict(f"aggregation failed: {exc}") from None
         version = rnd.number
         blob = wire.encode(
-            result.tensors,
-            {"version": str(version), "round": str(rnd.number), "method": spec.method},
+            result.tensors, {"version": str(version), "round": str(rnd.number), "method": spec.method}
         )
         now = self.store.clock()
         s.add(
@@ -271,16 +251,12 @@ class RoundCycle:
             updates,
             downloads,
             notes=result.notes,
+            declared=declared,
             aggregation_s=time.perf_counter() - started,  # decode, aggregate, encode
             server_optimizer=server_step,
             privacy=privacy,
         )
-        rnd.state, rnd.result_version, rnd.closed_at, rnd.closed_by = (
-            "closed",
-            version,
-            now,
-            by,
-        )
+        rnd.state, rnd.result_version, rnd.closed_at, rnd.closed_by = "closed", version, now, by
         fed.latest_version, fed.updated_at = version, now
         message = f"round {rnd.number} aggregated {len(updates)} update(s)"
         self.store.event(s, fed.id, "round_closed", message, rnd.number)
@@ -308,8 +284,7 @@ class RoundCycle:
         """
         held = s.scalars(
             select(ServerOptimizerState.blob).where(
-                ServerOptimizerState.federation_id == fid,
-                ServerOptimizerState.version == rnd.base_version,
+                ServerOptimizerState.federation_id == fid, ServerOptimizerState.version == rnd.base_version
             )
         ).first()
         state = server_optim.decode_state(held) if held is not None else {}
@@ -317,8 +292,7 @@ class RoundCycle:
         step = server_optim.server_step(optimizer.name, x, result.tensors, state, optimizer.params())
         s.execute(
             delete(ServerOptimizerState).where(
-                ServerOptimizerState.federation_id == fid,
-                ServerOptimizerState.version < rnd.number,
+                ServerOptimizerState.federation_id == fid, ServerOptimizerState.version < rnd.number
             )
         )
         s.add(
@@ -340,17 +314,25 @@ class RoundCycle:
         return AggregationResult(step.tensors, result.notes), record
 
 
-def decoded_updates(s: Session, rnd: Round, *, canonical: bool) -> Iterator[tuple[dict[str, Any], float]]:
+def decoded_updates(
+    s: Session, rnd: Round, *, canonical: bool, declared: dict[int, int]
+) -> Iterator[tuple[dict[str, Any], float]]:
     """A round's updates decoded one at a time, weighted by their stored num_samples: in content order
-    (canonical) or by client id."""
+    (canonical) or by client id. Each one's declared num_samples is put in `declared` by client."""
     order = (Update.num_samples, Update.sha256) if canonical else (Update.client_id,)
     rows = s.execute(
-        select(Update.id, Update.num_samples).where(Update.round_id == rnd.id).order_by(*order)
+        select(Update.id, Update.client_id, Update.num_samples)
+        .where(Update.round_id == rnd.id)
+        .order_by(*order)
     ).all()
     for start in range(0, len(rows), 64):  # blobs 64 at a time, never the whole round
         chunk = rows[start : start + 64]
         blobs = dict(
             s.execute(select(Update.id, Update.blob).where(Update.id.in_([r[0] for r in chunk]))).all()
         )
-        for uid, num_samples in chunk:
-            yield wire.decode(blobs.pop(uid))[0], float(num_samples)
+        for uid, cid, num_samples in chunk:
+            tensors, meta = wire.decode(blobs.pop(uid))
+            claimed = declared_samples(meta)
+            if claimed is not None:
+                declared[cid] = claimed
+            yield tensors, float(num_samples)

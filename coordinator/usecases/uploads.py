@@ -2,7 +2,8 @@
 
 An upload is checked completely before anything is stored (wire format, shapes, metadata), then
 handed to its federation's group commit: the uploads arriving meanwhile are stored together in one
-short transaction (coordinator/groupcommit.py), each with its own answer.
+short transaction (coordinator/groupcommit.py), each with its own answer. Its weight (num_samples)
+is clipped to the figure its client enrolled with (logic/uploads.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from coordinator.errors import Forbidden, Invalid, NotFound, ServiceError
 from coordinator.groupcommit import GroupCommit
 from coordinator.logic.uploads import (
     PendingUpload,
+    Selection,
     StoredUpdate,
     UploadResult,
     check_update,
@@ -53,13 +55,7 @@ class Uploads:
         num_samples, metrics = parse_update_metadata(meta, spec)
         del tensors  # validated; the blob is stored exactly as received
         pending = PendingUpload(
-            number,
-            client.id,
-            body,
-            digest,
-            num_samples,
-            metrics,
-            meta.get("base_version"),
+            number, client.id, body, digest, num_samples, metrics, meta.get("base_version")
         )
         batcher = self._batchers.get(fid)
         if batcher is None:
@@ -101,17 +97,8 @@ class Uploads:
                 return [no_federation(fid) for _ in items]
             attempts: dict[int, list[Any]] = defaultdict(list)  # round number -> attempts, latest first
             for row in c.execute(
-                select(
-                    Round.id,
-                    Round.number,
-                    Round.attempt,
-                    Round.state,
-                    Round.base_version,
-                )
-                .where(
-                    Round.federation_id == fid,
-                    Round.number.in_({i.number for i in items}),
-                )
+                select(Round.id, Round.number, Round.attempt, Round.state, Round.base_version)
+                .where(Round.federation_id == fid, Round.number.in_({i.number for i in items}))
                 .order_by(Round.number, Round.attempt.desc())
             ):
                 attempts[row.number].append(row)
@@ -121,18 +108,14 @@ class Uploads:
                 (row.round_id, row.client_id): StoredUpdate(row.sha256, row.num_samples, row.size)
                 for row in c.execute(
                     select(
-                        Update.round_id,
-                        Update.client_id,
-                        Update.sha256,
-                        Update.num_samples,
-                        Update.size,
+                        Update.round_id, Update.client_id, Update.sha256, Update.num_samples, Update.size
                     ).where(Update.round_id.in_(round_ids), Update.client_id.in_(clients))
                 )
             }
             selected = {
-                (row.round_id, row.client_id): row.revoked_at
+                (row.round_id, row.client_id): Selection(row.revoked_at, row.num_samples)
                 for row in c.execute(
-                    select(Participant.round_id, Participant.client_id, Client.revoked_at)
+                    select(Participant.round_id, Participant.client_id, Client.revoked_at, Client.num_samples)
                     .join(Client, Client.id == Participant.client_id)
                     .where(
                         Participant.round_id.in_([rows[0].id for rows in attempts.values()]),
@@ -145,11 +128,7 @@ class Uploads:
             for item in items:
                 try:
                     result = check_update(
-                        item,
-                        attempts.get(item.number, []),
-                        stored,
-                        selected,
-                        current_round,
+                        item, attempts.get(item.number, []), stored, selected, current_round
                     )
                 except ServiceError as exc:
                     out.append(exc)
@@ -194,24 +173,12 @@ class Uploads:
                 select(Update, Round.attempt)
                 .options(defer(Update.blob))
                 .join(Round, Round.id == Update.round_id)
-                .where(
-                    Round.federation_id == fid,
-                    Round.number == number,
-                    Update.client_id == client.id,
-                )
+                .where(Round.federation_id == fid, Round.number == number, Update.client_id == client.id)
                 .order_by(Round.attempt.desc())
             ).first()
         if row is not None and row[0].sha256 == digest:
             upd, attempt = row
-            return UploadResult(
-                number,
-                attempt,
-                client.id,
-                digest,
-                upd.num_samples,
-                upd.size,
-                created=False,
-            )
+            return UploadResult(number, attempt, client.id, digest, upd.num_samples, upd.size, created=False)
         raise no_replacing(client.id, number)
 
     def report_evaluation(self, fid: int, version: int, client: Client, payload: dict[str, Any]) -> bool:

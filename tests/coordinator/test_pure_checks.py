@@ -1,4 +1,5 @@
-"""The coordinator's pure rules with literal inputs: upload checks, round statistics, the LDP record."""
+"""The coordinator's pure rules with literal inputs: upload checks and weights, round statistics and
+the LDP record."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from coordinator.logic.roundstats import privacy_record, round_stats
 from coordinator.logic.uploads import (
     PendingUpload,
+    Selection,
     StoredUpdate,
     UploadReceipt,
     check_update,
+    weight,
 )
 from shared.spec import PrivacySpec
 
@@ -22,10 +25,7 @@ FAILED = SimpleNamespace(id=6, attempt=1, state="failed", base_version=3)
 
 
 def _item(
-    client_id: int = 1,
-    digest: str = "d1",
-    num_samples: int = 50,
-    base: str | None = "3",
+    client_id: int = 1, digest: str = "d1", num_samples: int = 50, base: str | None = "3"
 ) -> PendingUpload:
     return PendingUpload(4, client_id, b"x" * 10, digest, num_samples, {}, base)
 
@@ -34,30 +34,24 @@ def _check(item: PendingUpload, **kw: Any) -> Any:
     args: dict[str, Any] = {
         "attempts": [OPEN, FAILED],
         "stored": {},
-        "selected": {(7, 1): None},
+        "selected": {(7, 1): Selection(None, 20)},
         "current_round": 4,
     } | kw
     return check_update(item, **args)
 
 
-def test_an_accepted_update_is_stored_as_declared() -> None:
+def test_an_accepted_update_weighs_at_most_its_enrolled_samples() -> None:
     result = _check(_item(num_samples=50))
-    assert result.created and (result.round, result.attempt, result.client_id) == (
-        4,
-        2,
-        1,
-    )
-    assert result.num_samples == 50 and result.size == 10
+    assert result.created and (result.round, result.attempt, result.client_id) == (4, 2, 1)
+    assert result.num_samples == 20 and result.size == 10
+    assert _check(_item(num_samples=5)).num_samples == 5  # fewer than enrolled: as declared
+    assert weight(5, 0) == 1 and weight(5, 3) == 3 and weight(2, 3) == 2  # never below one
 
 
 def test_an_identical_resend_answers_as_stored_in_whichever_attempt() -> None:
     stored = {(6, 1): StoredUpdate("d1", 9, 99)}
     result = _check(_item(), stored=stored)
-    assert not result.created and (result.attempt, result.num_samples, result.size) == (
-        1,
-        9,
-        99,
-    )
+    assert not result.created and (result.attempt, result.num_samples, result.size) == (1, 9, 99)
     assert result.receipt() == {
         "round": 4,
         "attempt": 1,
@@ -72,14 +66,10 @@ def test_an_identical_resend_answers_as_stored_in_whichever_attempt() -> None:
     ("kw", "item", "error"),
     [
         ({"attempts": []}, _item(), NotFound),
-        (
-            {"attempts": [SimpleNamespace(id=7, attempt=2, state="closed", base_version=3)]},
-            _item(),
-            Gone,
-        ),
+        ({"attempts": [SimpleNamespace(id=7, attempt=2, state="closed", base_version=3)]}, _item(), Gone),
         ({"stored": {(7, 1): StoredUpdate("other", 20, 10)}}, _item(), Conflict),
         ({"selected": {}}, _item(), Forbidden),
-        ({"selected": {(7, 1): 123.0}}, _item(), Forbidden),
+        ({"selected": {(7, 1): Selection(123.0, 20)}}, _item(), Forbidden),
         ({}, _item(base="2"), Conflict),
     ],
 )
@@ -96,12 +86,15 @@ def _update(cid: int, n: int, size: int, **metrics: float) -> SimpleNamespace:
     return SimpleNamespace(client_id=cid, num_samples=n, size=size, metrics=metrics)
 
 
-def test_round_stats_weigh_the_loss_and_note_rejections() -> None:
-    updates = [
-        _update(3, 10, 100, loss=1.0),
-        _update(5, 30, 100, loss=3.0, local_asr=0.9),
-    ]
-    stats = round_stats(updates, [40, 0, 40], notes={1: "rejected by krum"}, aggregation_s=0.5)
+def test_round_stats_weigh_the_loss_and_note_rejections_and_clipped_weights() -> None:
+    updates = [_update(3, 10, 100, loss=1.0), _update(5, 30, 100, loss=3.0, local_asr=0.9)]
+    stats = round_stats(
+        updates,
+        [40, 0, 40],
+        notes={1: "rejected by krum"},
+        declared={3: 10, 5: 300},
+        aggregation_s=0.5,
+    )
     assert stats == {
         "participants": 3,
         "updates": 2,
@@ -109,17 +102,13 @@ def test_round_stats_weigh_the_loss_and_note_rejections() -> None:
         "bytes_up": 200,
         "bytes_down": 80,
         "train_loss": pytest.approx(2.5),
-        "notes": {"5": "rejected by krum"},
+        "notes": {
+            "5": "rejected by krum; num_samples 300 clipped to 30, the figure the client enrolled with"
+        },
         "aggregation_s": 0.5,
         "local_asr": {"5": 0.9},
     }
-    plain = round_stats(
-        [_update(3, 10, 1)],
-        [1],
-        notes={},
-        aggregation_s=0.0,
-        server_optimizer={"name": "x"},
-    )
+    plain = round_stats([_update(3, 10, 1)], [1], notes={}, aggregation_s=0.0, server_optimizer={"name": "x"})
     assert plain["train_loss"] is None and plain["notes"] == {} and plain["server_optimizer"] == {"name": "x"}
 
 

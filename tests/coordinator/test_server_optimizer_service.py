@@ -26,7 +26,8 @@ def _federation(service: Coordinator, **overrides: Any) -> tuple[int, Federation
 
 def _enrol(service: Coordinator, fid: int, n: int) -> list[Any]:
     token, _ = service.create_enrollment_token(fid)
-    return [service.enroll(fid, token, name=f"c{i}", num_samples=10, info={})[0] for i in range(n)]
+    # 30 samples each: no upload below weighs more than its client enrolled with
+    return [service.enroll(fid, token, name=f"c{i}", num_samples=30, info={})[0] for i in range(n)]
 
 
 def _prompt(service: Coordinator, fid: int, version: int) -> np.ndarray:

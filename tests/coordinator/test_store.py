@@ -27,9 +27,7 @@ def _enrol(service: Coordinator, fid: int, n: int, samples: int = 10) -> list:  
     return [service.enroll(fid, token, name=f"c{i}", num_samples=samples, info={})[0] for i in range(n)]
 
 
-def test_federation_waits_for_min_clients_then_opens_round_one(
-    service: Coordinator,
-) -> None:
+def test_federation_waits_for_min_clients_then_opens_round_one(service: Coordinator) -> None:
     fid, _ = _federation(service, min_clients=3)
     _enrol(service, fid, 2)
     assert service.federation_status(fid)["state"] == "waiting"
@@ -59,7 +57,7 @@ def test_selection_takes_fraction_and_is_reproducible(service: Coordinator, db_u
 
 def test_upload_aggregates_weighted_mean_and_advances(service: Coordinator) -> None:
     fid, spec = _federation(service)
-    a, b = _enrol(service, fid, 2)
+    (a,), (b,) = _enrol(service, fid, 1, samples=10), _enrol(service, fid, 1, samples=30)
     blob_a = update_blob(spec, 1, num_samples=10, base_version=0, metrics={"loss": 1.0})
     blob_b = update_blob(spec, 2, num_samples=30, base_version=0, metrics={"loss": 3.0})
     assert service.upload(fid, 1, a, blob_a).created
@@ -77,9 +75,28 @@ def test_upload_aggregates_weighted_mean_and_advances(service: Coordinator) -> N
     assert service.federation_status(fid)["open_round"]["round"] == 2
 
 
-def test_identical_reupload_is_ok_and_different_one_conflicts(
-    service: Coordinator,
-) -> None:
+def test_an_update_weighs_at_most_the_samples_its_client_enrolled_with(service: Coordinator) -> None:
+    fid, spec = _federation(service)
+    a, b = _enrol(service, fid, 2, samples=10)
+    blob_a = update_blob(spec, 1, num_samples=10, base_version=0, metrics={"loss": 1.0})
+    inflated = update_blob(spec, 2, num_samples=1000, base_version=0, metrics={"loss": 3.0})
+    assert service.upload(fid, 1, a, blob_a).num_samples == 10
+    receipt = service.upload(fid, 1, b, inflated)
+    assert receipt.created and receipt.num_samples == 10  # clipped to the enrolled figure
+    assert service.upload(fid, 1, b, inflated).receipt() == receipt.receipt()  # a re-send: the same
+    service.after_upload(fid)
+    got = wire.decode(service.get_prompt(fid, 1).blob)[0]["prompt_embeddings"]
+    ta, tb = (wire.decode(x)[0]["prompt_embeddings"] for x in (blob_a, inflated))
+    expected = (ta.astype(np.float64) * 0.5 + tb.astype(np.float64) * 0.5).astype(np.float32)
+    np.testing.assert_array_equal(got, expected)  # an equal share, not 1000 / 1010 of the average
+    stats = service.round_detail(fid, 1)["stats"]
+    assert stats["num_samples"] == 20 and stats["train_loss"] == pytest.approx(2.0)
+    assert stats["notes"] == {
+        str(b.id): "num_samples 1000 clipped to 10, the figure the client enrolled with"
+    }
+
+
+def test_identical_reupload_is_ok_and_different_one_conflicts(service: Coordinator) -> None:
     fid, spec = _federation(service, min_clients=2)
     a, _ = _enrol(service, fid, 2)
     blob = update_blob(spec, 1)
@@ -90,9 +107,7 @@ def test_identical_reupload_is_ok_and_different_one_conflicts(
         service.upload(fid, 1, a, update_blob(spec, 2))
 
 
-def test_closed_round_is_gone_but_identical_retry_still_acknowledged(
-    service: Coordinator,
-) -> None:
+def test_closed_round_is_gone_but_identical_retry_still_acknowledged(service: Coordinator) -> None:
     fid, spec = _federation(service)
     a, b = _enrol(service, fid, 2)
     blob_a = update_blob(spec, 1)
@@ -130,12 +145,7 @@ def test_deadline_with_quorum_aggregates_partial_round(service: Coordinator, clo
 
 def test_deadline_below_quorum_fails_and_retries_with_fresh_selection(service: Coordinator, clock) -> None:  # type: ignore[no-untyped-def]
     fid, spec = _federation(
-        service,
-        min_clients=2,
-        quorum=2,
-        fraction=0.5,
-        round_deadline_s=60,
-        expected_clients=6,
+        service, min_clients=2, quorum=2, fraction=0.5, round_deadline_s=60, expected_clients=6
     )
     clients = _enrol(service, fid, 6)
     first = service.round_detail(fid, 1)
@@ -144,10 +154,7 @@ def test_deadline_below_quorum_fails_and_retries_with_fresh_selection(service: C
     clock.advance(61)
     service.sweep()
     history = service.rounds(fid)
-    assert [(r["round"], r["attempt"], r["state"]) for r in history] == [
-        (1, 1, "failed"),
-        (1, 2, "open"),
-    ]
+    assert [(r["round"], r["attempt"], r["state"]) for r in history] == [(1, 1, "failed"), (1, 2, "open")]
     assert "below the quorum" in history[0]["failure_reason"]
     assert history[1]["base_version"] == 0
 
@@ -192,9 +199,7 @@ def test_pause_stops_auto_advance_and_resume_restarts(service: Coordinator) -> N
     assert service.federation_status(fid)["open_round"]["round"] == 2
 
 
-def test_revoked_client_cannot_authenticate_and_is_not_selected(
-    service: Coordinator,
-) -> None:
+def test_revoked_client_cannot_authenticate_and_is_not_selected(service: Coordinator) -> None:
     fid, _ = _federation(service, min_clients=2, auto_advance=False)
     token, _ = service.create_enrollment_token(fid)
     client, client_token = service.enroll(fid, token, name="x", num_samples=5, info={})
@@ -240,9 +245,7 @@ def test_tasks_evaluate_then_train_then_done(service: Coordinator) -> None:
     assert evaluation["accuracy"] == pytest.approx(0.8) and evaluation["loss"] == pytest.approx(0.3)
 
 
-def test_download_of_base_prompt_is_counted_for_participants(
-    service: Coordinator,
-) -> None:
+def test_download_of_base_prompt_is_counted_for_participants(service: Coordinator) -> None:
     fid, spec = _federation(service)
     a, b = _enrol(service, fid, 2)
     pv = service.get_prompt(fid, 0, client=a)
@@ -269,9 +272,7 @@ def test_robust_rule_notes_appear_in_the_round_history(service: Coordinator) -> 
     assert set(notes) == {str(a.id), str(b.id)} and all("clipped" in n for n in notes.values())
 
 
-def test_invalid_aggregation_params_are_refused_at_creation(
-    service: Coordinator,
-) -> None:
+def test_invalid_aggregation_params_are_refused_at_creation(service: Coordinator) -> None:
     from coordinator.errors import Invalid
 
     with pytest.raises(Invalid, match="beta"):
@@ -293,31 +294,21 @@ def _race(*calls) -> list:  # type: ignore[no-untyped-def]
         return list(pool.map(run, calls))
 
 
-def test_concurrent_uploads_of_one_client_get_one_acknowledgement_or_a_conflict(
-    service: Coordinator,
-) -> None:
+def test_concurrent_uploads_of_one_client_get_one_acknowledgement_or_a_conflict(service: Coordinator) -> None:
     for trial in range(5):
         fid, spec = _federation(service, min_clients=2)
         a, _ = _enrol(service, fid, 2)
         blob = update_blob(spec, trial)
-        same = _race(
-            partial(service.upload, fid, 1, a, blob),
-            partial(service.upload, fid, 1, a, blob),
-        )
+        same = _race(partial(service.upload, fid, 1, a, blob), partial(service.upload, fid, 1, a, blob))
         assert sorted(r.created for r in same) == [False, True], same  # the loser gets the same answer
         assert {r.sha256 for r in same} == {wire.sha256(blob)}
         fid, spec = _federation(service, min_clients=2)
         a, _ = _enrol(service, fid, 2)
         other = _race(*(partial(service.upload, fid, 1, a, update_blob(spec, i)) for i in (1, 2)))
-        assert sorted(type(r).__name__ for r in other) == [
-            "Conflict",
-            "UploadResult",
-        ], other
+        assert sorted(type(r).__name__ for r in other) == ["Conflict", "UploadResult"], other
 
 
-def test_every_acknowledged_upload_racing_a_close_is_aggregated(
-    service: Coordinator,
-) -> None:
+def test_every_acknowledged_upload_racing_a_close_is_aggregated(service: Coordinator) -> None:
     for trial in range(5):
         fid, spec = _federation(service, min_clients=2, expected_clients=8, quorum=1)
         first, *rest = _enrol(service, fid, 8)
@@ -363,9 +354,7 @@ def test_uploads_arriving_together_are_committed_together_each_with_its_own_answ
     assert service.round_detail(fid, 1)["stats"]["updates"] == 6  # all six aggregated
 
 
-def test_prompt_versions_held_in_memory_stay_few_and_old_ones_are_read_again(
-    service: Coordinator,
-) -> None:
+def test_prompt_versions_held_in_memory_stay_few_and_old_ones_are_read_again(service: Coordinator) -> None:
     from coordinator.db import PromptVersion
     from coordinator.store import VERSION_CACHE_ENTRIES
 
@@ -374,13 +363,7 @@ def test_prompt_versions_held_in_memory_stay_few_and_old_ones_are_read_again(
     blobs = {v: update_blob(spec, v) for v in range(1, 2 * VERSION_CACHE_ENTRIES)}
     with service.sessions.begin() as s:
         s.add_all(
-            PromptVersion(
-                federation_id=fid,
-                version=v,
-                blob=b,
-                sha256=wire.sha256(b),
-                created_at=0.0,
-            )
+            PromptVersion(federation_id=fid, version=v, blob=b, sha256=wire.sha256(b), created_at=0.0)
             for v, b in blobs.items()
         )
     for _ in range(2):
