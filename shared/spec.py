@@ -209,6 +209,13 @@ class FederationSpec(BaseModel):
     labels: list[str] | None = None
     max_length: int = Field(128, ge=8, le=4096)
     rounds: int = Field(10, ge=1, le=100000, description="T: number of federated rounds.")
+    eval_every: int = Field(
+        1,
+        ge=1,
+        le=100000,
+        description="Clients evaluate a new prompt version only when its number is a multiple of this; "
+        "version 0 (the initial prompt) and the final version (the last round's) are always evaluated.",
+    )
     fraction: float = Field(1.0, description="C: fraction of clients selected per round, in (0, 1].")
     min_clients: int = Field(
         2, ge=1, le=1_000_000, description="Wait for this many clients; select at least this many."

@@ -1,4 +1,5 @@
-"""Clients' evaluations of prompt versions: the sample-weighted summary of their reports. No I/O."""
+"""Clients' evaluations of prompt versions: which versions they are asked to evaluate, and the
+sample-weighted summary of their reports. No I/O."""
 
 from __future__ import annotations
 
@@ -6,6 +7,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from shared import evalstats
+
+
+def evaluation_due(version: int, *, eval_every: int, rounds: int) -> bool:
+    """Whether clients are asked to evaluate a prompt version: the initial prompt (0), every
+    `eval_every`-th version, and the final one (the federation's last round)."""
+    return version == 0 or version % eval_every == 0 or version >= rounds
 
 
 def summarize_evaluations(version: int, rows: Iterable[Any]) -> dict[str, Any] | None:
@@ -50,10 +57,7 @@ def summarize_evaluations(version: int, rows: Iterable[Any]) -> dict[str, Any] |
             continue
         # a metric with its own sample count (ASR: non-target examples only) is weighted by it
         vals = [
-            (
-                float(r.metrics[key]),
-                max(0.0, float(r.metrics.get(f"{key}_samples", r.num_samples))),
-            )
+            (float(r.metrics[key]), max(0.0, float(r.metrics.get(f"{key}_samples", r.num_samples))))
             for r in rows
             if isinstance(r.metrics.get(key), int | float)
         ]

@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy import and_, select, update
 
 from coordinator.db import Client, Evaluation, Participant, PromptVersion, Round, Update
+from coordinator.logic.evaluation import evaluation_due
 from coordinator.store import Store
 
 
@@ -42,36 +43,34 @@ class Tasks:
         return pv
 
     def next_task(self, fid: int, client: Client) -> dict[str, Any] | None:
-        """What this client should do now: evaluate the latest prompt, train for a round, or nothing."""
+        """What this client should do now: evaluate the latest prompt (when that version is due an
+        evaluation: the spec's eval_every), train for a round, or nothing."""
         with self.store.sessions() as s:
             c = s.connection()  # plain column reads on the Core connection: no ORM result processing
             fed = self.store.fed_row(s, fid)
             spec = self.store.spec(s, fid)
             latest = fed.latest_version
-            evaluated = c.scalar(
-                select(Evaluation.id)
-                .where(
-                    Evaluation.federation_id == fid,
-                    Evaluation.version == latest,
-                    Evaluation.client_id == client.id,
+            if evaluation_due(latest, eval_every=spec.eval_every, rounds=spec.rounds):
+                evaluated = c.scalar(
+                    select(Evaluation.id)
+                    .where(
+                        Evaluation.federation_id == fid,
+                        Evaluation.version == latest,
+                        Evaluation.client_id == client.id,
+                    )
+                    .limit(1)
                 )
-                .limit(1)
-            )
-            if evaluated is None:
-                return {
-                    "kind": "evaluate",
-                    "round": latest,
-                    "version": latest,
-                    "sha256": self.store.version_sha(s, fed, latest),
-                }
+                if evaluated is None:
+                    return {
+                        "kind": "evaluate",
+                        "round": latest,
+                        "version": latest,
+                        "sha256": self.store.version_sha(s, fed, latest),
+                    }
             rnd = c.execute(
-                select(
-                    Round.id,
-                    Round.number,
-                    Round.attempt,
-                    Round.base_version,
-                    Round.deadline_at,
-                ).where(Round.federation_id == fid, Round.state == "open")
+                select(Round.id, Round.number, Round.attempt, Round.base_version, Round.deadline_at).where(
+                    Round.federation_id == fid, Round.state == "open"
+                )
             ).first()
             if rnd is not None:
                 pending = c.scalar(  # selected for the round and not uploaded yet
@@ -79,8 +78,7 @@ class Tasks:
                     .outerjoin(
                         Update,
                         and_(
-                            Update.round_id == Participant.round_id,
-                            Update.client_id == Participant.client_id,
+                            Update.round_id == Participant.round_id, Update.client_id == Participant.client_id
                         ),
                     )
                     .where(
@@ -106,9 +104,5 @@ class Tasks:
                         },
                     }
             if fed.state == "completed":
-                return {
-                    "kind": "done",
-                    "round": fed.current_round,
-                    "version": fed.latest_version,
-                }
+                return {"kind": "done", "round": fed.current_round, "version": fed.latest_version}
         return None

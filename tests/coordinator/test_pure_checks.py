@@ -1,5 +1,5 @@
-"""The coordinator's pure rules with literal inputs: upload checks and weights, round statistics and
-the LDP record."""
+"""The coordinator's pure rules with literal inputs: upload checks and weights, which versions are
+evaluated, round statistics and the LDP record."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from coordinator.errors import Conflict, Forbidden, Gone, NotFound
+from coordinator.logic.evaluation import evaluation_due
 from coordinator.logic.roundstats import privacy_record, round_stats
 from coordinator.logic.uploads import (
     PendingUpload,
@@ -80,6 +81,23 @@ def test_refused_updates_say_why(kw: dict[str, Any], item: PendingUpload, error:
 
 def test_the_receipt_is_the_api_answer() -> None:
     assert list(_check(_item()).receipt()) == list(UploadReceipt.__dataclass_fields__)
+
+
+@pytest.mark.parametrize(
+    ("version", "every", "rounds", "due"),
+    [
+        (0, 5, 10, True),
+        (1, 1, 10, True),
+        (3, 2, 10, False),
+        (4, 2, 10, True),
+        (9, 4, 9, True),
+        (7, 4, 9, False),
+    ],
+)
+def test_evaluations_are_due_for_version_0_every_nth_and_the_last(
+    version: int, every: int, rounds: int, due: bool
+) -> None:
+    assert evaluation_due(version, eval_every=every, rounds=rounds) is due
 
 
 def _update(cid: int, n: int, size: int, **metrics: float) -> SimpleNamespace:

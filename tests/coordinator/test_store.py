@@ -245,6 +245,30 @@ def test_tasks_evaluate_then_train_then_done(service: Coordinator) -> None:
     assert evaluation["accuracy"] == pytest.approx(0.8) and evaluation["loss"] == pytest.approx(0.3)
 
 
+def test_eval_every_asks_for_evaluations_of_version_0_every_nth_and_the_final_version(
+    service: Coordinator,
+) -> None:
+    fid, spec = _federation(service, rounds=5, eval_every=2)
+    a, b = _enrol(service, fid, 2)
+    asked: list[int] = []
+    for number in range(1, 6):
+        task = service.next_task(fid, a)
+        if task["kind"] == "evaluate":  # of the version the previous round made
+            asked.append(task["version"])
+            service.report_evaluation(fid, task["version"], a, {"num_samples": 5, "accuracy": 0.5})
+            task = service.next_task(fid, a)
+        assert task["kind"] == "train" and task["round"] == number, task
+        for c in (a, b):
+            service.upload(fid, number, c, update_blob(spec, 10 * number + c.id, base_version=number - 1))
+        service.after_upload(fid)
+    final = service.next_task(fid, a)
+    assert final["kind"] == "evaluate" and final["version"] == 5  # the last round's, though 5 % 2 == 1
+    asked.append(final["version"])
+    service.report_evaluation(fid, 5, a, {"num_samples": 5, "accuracy": 0.5})
+    assert service.next_task(fid, a)["kind"] == "done"
+    assert asked == [0, 2, 4, 5]
+
+
 def test_download_of_base_prompt_is_counted_for_participants(service: Coordinator) -> None:
     fid, spec = _federation(service)
     a, b = _enrol(service, fid, 2)
