@@ -16,15 +16,9 @@ from fastapi.staticfiles import StaticFiles
 
 from coordinator.api import problems
 from coordinator.api.body_limit import BodyLimitMiddleware
-from coordinator.api.longpoll import StampWatch
-from coordinator.api.routes import (
-    clients,
-    dashboard,
-    export,
-    federations,
-    health,
-    rounds,
-)
+from coordinator.api.longpoll import TaskPoll
+from coordinator.api.perloop import PerLoop
+from coordinator.api.routes import clients, dashboard, export, federations, health, rounds
 from coordinator.config import Settings
 from coordinator.dashboard import STATIC_DIR
 from coordinator.db import make_engine, make_sessionmaker
@@ -77,8 +71,6 @@ def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads
-        app.state.upload_limiter = anyio.CapacityLimiter(settings.upload_threads)
-        app.state.stamp_watch = StampWatch(service, settings.long_poll_interval_s)
         task = asyncio.create_task(_sweeper(service, settings.sweep_interval_s)) if sweep else None
         yield
         if task is not None:
@@ -97,6 +89,8 @@ def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
     app.state.settings = settings
     app.state.service = service
     app.state.metrics = metrics
+    app.state.task_poll = TaskPoll(service, settings.long_poll_interval_s, settings.long_poll_max_s)
+    app.state.upload_threads = PerLoop(lambda: anyio.CapacityLimiter(settings.upload_threads))
     app.state.upload_gate = UploadGate(
         settings.max_uploads_per_client, settings.max_upload_bytes_in_flight_per_client
     )

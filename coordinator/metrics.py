@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import event, inspect
 from sqlalchemy.orm import Session, sessionmaker
 
+from coordinator.api.paths import UPLOAD_ROUTE
 from coordinator.db import Round
 from coordinator.errors import (
     Conflict,
@@ -45,7 +46,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 log = logging.getLogger("fedprompt.rounds")
 
-UPLOAD_ROUTE = "/api/v1/federations/{fid}/rounds/{number}/update"
 UNMATCHED = "<unmatched>"
 ROUND_STATES = ("open", "closed", "failed")
 _ERRORS: tuple[type[ServiceError], ...] = (

@@ -18,16 +18,13 @@ are capped per client by the route (inflight.py).
 
 from __future__ import annotations
 
-import re
-
 import anyio
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from coordinator.api.paths import UPLOAD_PATHS
 from coordinator.inflight import Ticket, UploadGate
 from coordinator.ratelimit import RateLimited
-
-UPLOAD_PATH = re.compile(r"^/api/v1/federations/[^/]+/(?:rounds/[^/]+/update|prompts/0)/?$")
 
 
 def _too_large(size: int | None, limit: int, upload: bool) -> str:
@@ -68,7 +65,7 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        upload = scope["method"] == "PUT" and bool(UPLOAD_PATH.match(scope["path"]))
+        upload = scope["method"] == "PUT" and bool(UPLOAD_PATHS.match(scope["path"]))
         limit = self.upload_limit if upload else self.request_limit
         declared = _content_length(scope)
         received = 0

@@ -1,4 +1,5 @@
-"""Long-polling: one reader of a federation's change stamp for all the task polls waiting on it.
+"""Long-polling of a client's next task: one reader of a federation's change stamp for all the task
+polls waiting on it.
 
 A waiting poll used to wake every FEDPROMPT_LONG_POLL_INTERVAL_S to look at the stamp; with a
 thousand clients waiting that is thousands of wake-ups a second on the event loop. Here, while any
@@ -11,14 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
 
+from coordinator.api.perloop import PerLoop
+from coordinator.db import Client
 from coordinator.service import Coordinator
+from coordinator.store import Stamp
 
-Stamp = tuple[Any, ...]
 log = logging.getLogger("fedprompt.coordinator")
 
 
@@ -72,3 +76,34 @@ class StampWatch:
         finally:  # no poll waits any more (or the loop is shutting down)
             self._readers.pop(fid, None)
             self._stamps.pop(fid, None)
+
+
+class TaskPoll:
+    """The task long-poll of one app: a client's next task, waiting up to `max_wait` seconds for one.
+
+    Records the poll as the client's heartbeat (when due), then asks the service for a task each
+    time the federation's stamp changes, and otherwise sleeps until it does or the wait is over.
+    Its StampWatch is its event loop's (perloop.py)."""
+
+    def __init__(self, service: Coordinator, interval: float, max_wait: float) -> None:
+        self.service, self.max_wait = service, max_wait
+        self.watches: PerLoop[StampWatch] = PerLoop(lambda: StampWatch(service, interval))
+
+    async def next_task(self, fid: int, client: Client, wait: float) -> dict[str, Any] | None:
+        """The client's next task, or None when none came within `wait` seconds (at most max_wait)."""
+        deadline = time.monotonic() + min(wait, self.max_wait)
+        if self.service.heartbeat_due(client):
+            await run_in_threadpool(self.service.heartbeat, client)
+        watch = self.watches.get()
+        seen = None
+        while True:
+            stamp = await watch.stamp(fid)
+            if stamp != seen:  # only a change of the federation can bring this client a new task
+                found = await run_in_threadpool(self.service.next_task, fid, client)
+                if found is not None:
+                    return found
+                seen = stamp
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            await watch.wait_change(fid, seen, remaining)

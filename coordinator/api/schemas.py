@@ -1,16 +1,79 @@
-"""Response models of the REST API: what each route answers, as documented in its OpenAPI.
+"""The REST API's contract: request parameters and bodies, and what each route answers.
 
-The services return plain dicts; these models are the contract that FastAPI checks them against
-(a route whose answer does not fit fails loudly in tests rather than reaching a client) and that
+Requests are strict (``true`` is not 1, ``"5"`` is not 5) and refuse unknown members. The services
+return plain dicts; the response models are the contract that FastAPI checks them against (a route
+whose answer does not fit fails loudly in tests rather than reaching a client) and that
 schemathesis validates every answer against. Each allows extra members, so a field added to a
 service's answer reaches clients before it is described here.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import Body, Path
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator
+
+from coordinator.db import MAX_ID
+from coordinator.logic.specs import validate_spec
+from coordinator.logic.uploads import UploadReceipt
+from shared.spec import NAME_PATTERN, FederationSpec
+
+__all__ = ["UploadReceipt"]  # an upload's answer: defined once, with the upload's checks
+
+# -- request parameters and bodies ---------------------------------------------------------------
+
+IdPath = Annotated[int, Path(ge=0, le=MAX_ID, description="A non-negative 32-bit id or number.")]
+# A prompt version as a path or query parameter: a number (ASCII digits) or 'latest'.
+VERSION_PATTERN = r"^(?:latest|[0-9]{1,10})$"
+VersionPath = Annotated[str, Path(pattern=VERSION_PATTERN, description="A version number or 'latest'.")]
+
+# The body's schema is FederationSpec's (extra properties refused: additionalProperties false); it is
+# checked by validate_spec, strictly, and a refusal reads "invalid federation spec: …" (422).
+SpecBody = Annotated[
+    FederationSpec,
+    PlainValidator(validate_spec, json_schema_input_type=FederationSpec),
+    Body(description="A FederationSpec", examples=[FederationSpec().model_dump()]),
+]
+
+
+class TokenRequest(BaseModel):
+    """Options of a new enrolment token."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)  # true is not 1
+    expires_in_s: float | None = Field(
+        None, gt=0, le=10 * 365 * 86400, description="Seconds until the token expires."
+    )
+    max_uses: int | None = Field(None, ge=1, le=MAX_ID, description="How many enrolments the token allows.")
+
+
+class EnrollRequest(BaseModel):
+    """What a worker says about itself when it enrols."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str = Field(
+        ..., min_length=1, max_length=200, pattern=NAME_PATTERN, description="No control characters."
+    )
+    num_samples: int = Field(
+        ..., ge=0, le=MAX_ID, description="Training samples; the most an update of this client may weigh."
+    )
+    info: dict[str, Any] = Field(default_factory=dict, description="e.g. model_fingerprint, device")
+
+
+class EvaluationReport(BaseModel):
+    """A client's metrics of a global prompt version on its local held-out data."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+    version: int | None = Field(
+        None, ge=0, le=MAX_ID, description="Prompt version evaluated; default: the round number."
+    )
+    num_samples: int = Field(..., ge=1, le=MAX_ID)
+    accuracy: float = Field(..., ge=0, le=1)
+    loss: float | None = Field(None, ge=0)
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+# -- responses -----------------------------------------------------------------------------------
 
 
 class _Open(BaseModel):
@@ -118,15 +181,6 @@ class Task(_Open):
     attempt: int | None = None
     deadline_at: float | None = None
     config: dict[str, Any] | None = None
-
-
-class UploadReceipt(_Open):
-    round: int
-    attempt: int
-    client_id: int
-    sha256: str
-    num_samples: int
-    size: int
 
 
 class EvaluationStored(_Open):

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from coordinator.api.deps import SESSION_COOKIE, new_session, session_is_valid
+from coordinator.api.session import SESSION_COOKIE, new_session, session_is_valid
 from coordinator.app import create_app
 from coordinator.config import Settings
 from coordinator.dashboard import STATIC_DIR, TEMPLATES_DIR, fmt_bytes, fmt_duration, fmt_pct

@@ -1,5 +1,5 @@
 """The coordinator's pure rules with literal inputs: upload checks and weights, which versions are
-evaluated, round statistics and the LDP record."""
+evaluated, round statistics, the LDP record, and the upload paths."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from coordinator.api.paths import UPLOAD_PATHS, UPLOAD_ROUTE
 from coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from coordinator.logic.evaluation import evaluation_due
 from coordinator.logic.roundstats import privacy_record, round_stats
@@ -135,3 +136,15 @@ def test_privacy_record_composes_each_clients_releases() -> None:
     record = privacy_record(privacy, {1: 2, 2: 1})
     assert record["cumulative_epsilon"] == {"1": 2.0, "2": 1.0} and record["max_cumulative_epsilon"] == 2.0
     assert privacy_record(privacy, {1: 2}, [2])["cumulative_epsilon"] == {"2": 0.0}
+
+
+def test_the_upload_paths_come_from_the_route_templates() -> None:
+    assert UPLOAD_ROUTE == "/api/v1/federations/{fid}/rounds/{number}/update"
+    for path in ("/api/v1/federations/1/rounds/2/update", "/api/v1/federations/1/prompts/0/"):
+        assert UPLOAD_PATHS.match(path), path
+    for path in (
+        "/api/v1/federations/1/rounds/2/close",
+        "/api/v1/federations/1/prompts/1",
+        "/x/rounds/2/update",
+    ):
+        assert not UPLOAD_PATHS.match(path), path

@@ -19,21 +19,14 @@ from fastapi.routing import APIRoute, iter_route_contexts
 from fastapi.testclient import TestClient
 from sqlalchemy import select, text
 
-from coordinator.api import deps
+from coordinator.api import auth, deps, session
 from coordinator.app import create_app
 from coordinator.config import ConfigError, Settings, require_admin_token
 from coordinator.db import Base
 from coordinator.migrate import upgrade
 from coordinator.security import hash_token
 from tests.coordinator.test_api import snapshot
-from tests.coordinator.test_authz_matrix import (
-    ADMIN_ONLY,
-    CLIENT,
-    EITHER,
-    ENROL,
-    PUBLIC,
-    ROUTES,
-)
+from tests.coordinator.test_authz_matrix import ADMIN_ONLY, CLIENT, EITHER, ENROL, PUBLIC, ROUTES
 from tests.helpers import ADMIN, SMALL_SPEC, federation_with_clients, update_blob
 
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN}"}
@@ -100,11 +93,7 @@ def test_the_dashboard_s_admin_routes_use_the_same_dependency() -> None:
 
 def test_openapi_names_the_token_each_route_takes() -> None:
     spec = create_app(Settings(database_url="sqlite://", admin_token=ADMIN), sweep=False).openapi()
-    assert set(spec["components"]["securitySchemes"]) == {
-        "admin",
-        "client",
-        "enrolment",
-    }
+    assert set(spec["components"]["securitySchemes"]) == {"admin", "client", "enrolment"}
     expected = {
         PUBLIC: None,
         ADMIN_ONLY: [{"admin": []}],
@@ -127,10 +116,7 @@ def test_client_routes_take_no_client_id_from_the_caller() -> None:
         assert names <= {"fid", "number", "version", "wait"}, (method, path, names)
         ref = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
         body = spec["components"]["schemas"].get(ref.get("$ref", "/").rsplit("/", 1)[1], {})
-        assert not {"client_id", "cid", "client"} & set(body.get("properties", {})), (
-            method,
-            path,
-        )
+        assert not {"client_id", "cid", "client"} & set(body.get("properties", {})), (method, path)
 
 
 def test_a_client_acts_only_as_itself(world: dict[str, Any]) -> None:
@@ -193,23 +179,18 @@ def test_tokens_are_stored_only_as_their_sha256(world: dict[str, Any]) -> None:
     assert api.get("/api/v1/federations", headers=ADMIN_HEADERS).status_code == 200
 
 
-def test_admin_token_is_compared_in_constant_time(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_admin_token_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[bytes, bytes]] = []
-    real = deps.hmac.compare_digest
+    real = auth.hmac.compare_digest
 
     def spy(a: bytes, b: bytes) -> bool:
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(deps.hmac, "compare_digest", spy)
+    monkeypatch.setattr(auth.hmac, "compare_digest", spy)
     settings = Settings(database_url="sqlite://", admin_token=ADMIN)
-    assert deps.is_admin_token(ADMIN, settings) and not deps.is_admin_token(ADMIN[:-1] + "x", settings)
-    assert calls == [
-        (ADMIN.encode(), ADMIN.encode()),
-        ((ADMIN[:-1] + "x").encode(), ADMIN.encode()),
-    ]
+    assert auth.is_admin_token(ADMIN, settings) and not auth.is_admin_token(ADMIN[:-1] + "x", settings)
+    assert calls == [(ADMIN.encode(), ADMIN.encode()), ((ADMIN[:-1] + "x").encode(), ADMIN.encode())]
 
 
 def _asgi_call(
@@ -223,11 +204,7 @@ def _asgi_call(
         nonlocal pulled
         if pulled < len(chunks):
             pulled += 1
-            return {
-                "type": "http.request",
-                "body": chunks[pulled - 1],
-                "more_body": pulled < len(chunks),
-            }
+            return {"type": "http.request", "body": chunks[pulled - 1], "more_body": pulled < len(chunks)}
         return {"type": "http.disconnect"}
 
     async def send(message: dict[str, Any]) -> None:
@@ -254,9 +231,7 @@ def _asgi_call(
     return status, pulled
 
 
-def test_a_declared_oversized_body_is_refused_before_a_byte_is_read(
-    world: dict[str, Any],
-) -> None:
+def test_a_declared_oversized_body_is_refused_before_a_byte_is_read(world: dict[str, Any]) -> None:
     app, fid = world["app"], world["fid"]
     token = world["clients"][0]["token"]
     cases = [
@@ -318,10 +293,7 @@ def test_no_cross_origin_access(world: dict[str, Any]) -> None:
     )
     assert preflight.status_code >= 400
     assert not any(h.startswith("access-control-") for h in preflight.headers)
-    simple = api.get(
-        "/api/v1/federations",
-        headers={**ADMIN_HEADERS, "Origin": "https://evil.example"},
-    )
+    simple = api.get("/api/v1/federations", headers={**ADMIN_HEADERS, "Origin": "https://evil.example"})
     assert simple.status_code == 200
     assert not any(h.startswith("access-control-") for h in simple.headers)
 
@@ -332,12 +304,12 @@ def test_dashboard_needs_the_admin_token(world: dict[str, Any]) -> None:
     assert api.get("/dashboard", follow_redirects=False).headers["location"] == "/dashboard/login"
     assert api.get("/dashboard/live").status_code == 401
     assert api.get("/dashboard/live", headers={"Authorization": f"Bearer {client_token}"}).status_code == 403
-    api.cookies.set(deps.SESSION_COOKIE, "v1.99999999999.forged")
+    api.cookies.set(session.SESSION_COOKIE, "v1.99999999999.forged")
     assert api.get("/dashboard", follow_redirects=False).status_code == 303
     assert api.get("/dashboard/live").status_code == 401
     api.cookies.clear()
     login = api.post("/dashboard/login", data={"token": client_token}, follow_redirects=False)
-    assert login.status_code == 401 and deps.SESSION_COOKIE not in login.cookies
+    assert login.status_code == 401 and session.SESSION_COOKIE not in login.cookies
     ok = api.post("/dashboard/login", data={"token": ADMIN}, follow_redirects=False)
     assert ok.status_code == 303 and api.get("/dashboard/live").status_code == 200
 
@@ -361,7 +333,4 @@ def test_openapi_documents_problem_json_for_every_error() -> None:
                         code,
                     )
             if path.startswith("/api/"):
-                assert {"401", "403", "413", "422", "429"} <= set(op["responses"]), (
-                    method,
-                    path,
-                )
+                assert {"401", "403", "413", "422", "429"} <= set(op["responses"]), (method, path)

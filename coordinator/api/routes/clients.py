@@ -5,39 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Response
-from pydantic import BaseModel, ConfigDict, Field
 
-from coordinator.api.deps import AdminDep, EnrolmentDep, IdPath, ServiceDep
+from coordinator.api.deps import AdminDep, EnrolmentDep, ServiceDep
 from coordinator.api.jsonbody import BoundedJSONRoute
+from coordinator.api.paths import FEDERATION
 from coordinator.api.problems import API_ERRORS, problem_responses
-from coordinator.api.schemas import ClientInfo, Enrolled, EnrolmentToken
-from coordinator.db import MAX_ID
-from shared.spec import NAME_PATTERN
+from coordinator.api.schemas import ClientInfo, Enrolled, EnrollRequest, EnrolmentToken, IdPath, TokenRequest
 
-router = APIRouter(
-    prefix="/api/v1/federations/{fid}", tags=["clients"], responses=API_ERRORS, route_class=BoundedJSONRoute
-)
-
-
-class TokenRequest(BaseModel):
-    """Options of a new enrolment token."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)  # true is not 1
-    expires_in_s: float | None = Field(
-        None, gt=0, le=10 * 365 * 86400, description="Seconds until the token expires."
-    )
-    max_uses: int | None = Field(None, ge=1, le=MAX_ID, description="How many enrolments the token allows.")
-
-
-class EnrollRequest(BaseModel):
-    """What a worker says about itself when it enrols."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    name: str = Field(
-        ..., min_length=1, max_length=200, pattern=NAME_PATTERN, description="No control characters."
-    )
-    num_samples: int = Field(..., ge=0, le=MAX_ID)
-    info: dict[str, Any] = Field(default_factory=dict, description="e.g. model_fingerprint, device")
+router = APIRouter(prefix=FEDERATION, tags=["clients"], responses=API_ERRORS, route_class=BoundedJSONRoute)
 
 
 @router.post("/enrollment-tokens", status_code=201, dependencies=[AdminDep], response_model=EnrolmentToken)

@@ -9,21 +9,17 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from coordinator.api.deps import (
+from coordinator.api.auth import is_admin_token
+from coordinator.api.body import read_limited_body
+from coordinator.api.deps import AdminDep, MetricsDep, ServiceDep, SettingsDep
+from coordinator.api.ratelimit_dep import client_ip, get_rate_limiter
+from coordinator.api.session import (
     CSRF_VALUE,
     SESSION_COOKIE,
     SESSION_TTL_S,
-    AdminDep,
-    MetricsDep,
-    ServiceDep,
-    SettingsDep,
-    client_ip,
-    get_rate_limiter,
     has_session,
-    is_admin_token,
     new_session,
     parse_session,
-    read_limited_body,
 )
 from coordinator.dashboard import make_templates, page_data
 from coordinator.errors import TooLarge

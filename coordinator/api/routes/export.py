@@ -6,13 +6,13 @@ from typing import Literal
 
 from fastapi import APIRouter, Query, Response
 
-from coordinator.api.deps import VERSION_PATTERN, AdminDep, IdPath, ServiceDep
+from coordinator.api.deps import AdminDep, ServiceDep
 from coordinator.api.jsonbody import BoundedJSONRoute
+from coordinator.api.paths import FEDERATIONS
 from coordinator.api.problems import API_ERRORS
+from coordinator.api.schemas import VERSION_PATTERN, IdPath
 
-router = APIRouter(
-    prefix="/api/v1/federations", tags=["export"], responses=API_ERRORS, route_class=BoundedJSONRoute
-)
+router = APIRouter(prefix=FEDERATIONS, tags=["export"], responses=API_ERRORS, route_class=BoundedJSONRoute)
 
 
 @router.get(

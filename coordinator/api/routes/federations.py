@@ -2,45 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Body, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import PlainValidator
 
-from coordinator.api.deps import (
-    SAFETENSORS_BODY,
-    AdminDep,
-    EitherDep,
-    IdPath,
-    ServiceDep,
-    SettingsDep,
-    VersionPath,
-    read_limited_body,
-    upload_ticket,
-)
+from coordinator.api.body import SAFETENSORS_BODY, read_limited_body, upload_ticket
+from coordinator.api.deps import AdminDep, EitherDep, ServiceDep, SettingsDep
 from coordinator.api.jsonbody import BoundedJSONRoute
+from coordinator.api.paths import FEDERATIONS, INITIAL_PROMPT
 from coordinator.api.problems import API_ERRORS, problem_responses
-from coordinator.api.schemas import Event, FederationStatus, InitialPrompt
+from coordinator.api.schemas import Event, FederationStatus, IdPath, InitialPrompt, SpecBody, VersionPath
 from coordinator.db import MAX_ID
-from coordinator.logic.specs import validate_spec
-from shared.spec import FederationSpec
 
 router = APIRouter(
-    prefix="/api/v1/federations",
-    tags=["federations"],
-    responses=API_ERRORS,
-    route_class=BoundedJSONRoute,
+    prefix=FEDERATIONS, tags=["federations"], responses=API_ERRORS, route_class=BoundedJSONRoute
 )
-
-
-# The body's schema is FederationSpec's (extra properties refused: additionalProperties false); it is
-# checked by validate_spec, strictly, and a refusal reads "invalid federation spec: …" (422).
-SpecBody = Annotated[
-    FederationSpec,
-    PlainValidator(validate_spec, json_schema_input_type=FederationSpec),
-    Body(description="A FederationSpec", examples=[FederationSpec().model_dump()]),
-]
 
 
 @router.post("", status_code=201, dependencies=[AdminDep], response_model=FederationStatus)
@@ -86,10 +63,7 @@ def resume(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
 
 @router.get("/{fid}/events", dependencies=[AdminDep], response_model=list[Event])
 def events(
-    fid: IdPath,
-    service: ServiceDep,
-    after: int = Query(0, ge=0, le=MAX_ID),
-    limit: int = 200,
+    fid: IdPath, service: ServiceDep, after: int = Query(0, ge=0, le=MAX_ID), limit: int = 200
 ) -> list[dict[str, Any]]:
     """The federation's audit trail (round opened/closed/failed, enrolments, revocations)."""
     return service.events(fid, after=after, limit=min(max(limit, 1), 1000))
@@ -106,35 +80,24 @@ def get_spec(fid: IdPath, service: ServiceDep, who: EitherDep) -> dict[str, Any]
     "/{fid}/prompts/{version}",
     response_class=Response,
     responses={
-        200: {
-            "content": {"application/octet-stream": {}},
-            "description": "safetensors bytes",
-        },
+        200: {"content": {"application/octet-stream": {}}, "description": "safetensors bytes"},
         304: {"description": "the version named by If-None-Match is current (no body)"},
     },
 )
 def get_prompt(
-    fid: IdPath,
-    version: VersionPath,
-    service: ServiceDep,
-    who: EitherDep,
-    request: Request,
+    fid: IdPath, version: VersionPath, service: ServiceDep, who: EitherDep, request: Request
 ) -> Response:
     """A global prompt version ('latest' or a number) as safetensors; ETag is its sha256."""
     pv = service.get_prompt(fid, version, client=who)
     etag = f'"{pv.sha256}"'
-    headers = {
-        "ETag": etag,
-        "X-Prompt-Version": str(pv.version),
-        "X-Prompt-Sha256": pv.sha256,
-    }
+    headers = {"ETag": etag, "X-Prompt-Version": str(pv.version), "X-Prompt-Sha256": pv.sha256}
     if request.headers.get("if-none-match") == etag:
         return Response(status_code=304, headers=headers)
     return Response(pv.blob, media_type="application/octet-stream", headers=headers)
 
 
 @router.put(
-    "/{fid}/prompts/0",
+    "/{fid}" + INITIAL_PROMPT,
     dependencies=[AdminDep],
     status_code=200,
     response_model=InitialPrompt,
