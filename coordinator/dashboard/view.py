@@ -1,9 +1,16 @@
-"""The dashboard's view model: pure functions from the service's answers to what the page shows."""
+"""The dashboard's view model: pure functions from the service's answers to what the page shows.
+
+Communication figures are the federation status's ledger (coordinator/logic/ledger.py), the same
+the API answers and simulate records."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
+
+from pydantic import ValidationError
+
+from shared.spec import FederationSpec
 
 FLOAT32_BYTES = 4
 
@@ -106,24 +113,38 @@ def series(
     }
 
 
-def communication(spec: dict[str, Any], rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """Prompt size, bytes moved, and the ratio to full fine-tuning only when the spec states the model size."""
-    params = int(spec.get("num_virtual_tokens", 0)) * int(spec.get("hidden_size", 0))
-    closed = [r for r in rounds if r["state"] == "closed"]
-    up = sum(int((r.get("stats") or {}).get("bytes_up") or 0) for r in closed)
-    down = sum(int((r.get("stats") or {}).get("bytes_down") or 0) for r in closed)
-    updates = sum(int((r.get("stats") or {}).get("updates") or 0) for r in closed)
-    model_params = spec.get("model_parameters")
-    ratio = params / model_params if isinstance(model_params, int | float) and model_params > 0 else None
+def prompt_shape(spec: dict[str, Any]) -> str:
+    """The communicated tensors in words: '20 × 384' for one tensor, else how many (an encoder)."""
+    try:
+        shapes = list(FederationSpec.model_validate(spec).tensor_shapes().values())
+    except ValidationError:
+        return ""
+    if len(shapes) == 1:
+        return " × ".join(str(n) for n in shapes[0])
+    return f"{len(shapes)} tensors"
+
+
+def communication(status: dict[str, Any]) -> dict[str, Any]:
+    """What the prompt costs on the wire, from the federation's ledger (coordinator/logic/ledger.py):
+    the method's communicated parameters, bytes moved over the closed rounds, and the ratio to full
+    fine-tuning when the spec states the model's size (params_full_model)."""
+    spec = status.get("spec") or {}
+    led = status.get("ledger") or {}
+    params = int(led.get("params_communicated") or 0)
+    totals = led.get("totals") or {}
+    updates = sum(int(r.get("uploads") or 0) for r in led.get("rounds") or [])
+    up = int(totals.get("bytes_up") or 0)
+    ratio = led.get("comm_ratio")
     return {
+        "method": spec.get("method", "prompt_tuning"),
+        "prompt_shape": prompt_shape(spec),
         "prompt_parameters": params,
-        "prompt_shape": [spec.get("num_virtual_tokens"), spec.get("hidden_size")],
         "prompt_bytes": params * FLOAT32_BYTES,
         "bytes_up": up,
-        "bytes_down": down,
+        "bytes_down": int(totals.get("bytes_down") or 0),
         "bytes_per_update": up / updates if updates else None,
-        "closed_rounds": len(closed),
-        "model_parameters": model_params if ratio is not None else None,
+        "closed_rounds": len(led.get("rounds") or []),
+        "model_parameters": led.get("params_full_model") if ratio is not None else None,
         "ratio": ratio,
     }
 
@@ -176,7 +197,7 @@ def federation_detail(
         "failures": sum(1 for r in rounds if r["state"] == "failed"),
         "retries": sum(1 for r in rounds if r["attempt"] > 1),
         "series": charts,
-        "communication": communication(spec, rounds),
+        "communication": communication(status),
         "clients": [
             {
                 **c,

@@ -18,7 +18,9 @@ from coordinator.app import create_app
 from coordinator.config import Settings
 from coordinator.dashboard import STATIC_DIR, TEMPLATES_DIR, fmt_bytes, fmt_duration, fmt_pct
 from coordinator.dashboard.view import communication, federation_detail, pick_federation, series, timeline
+from coordinator.logic.ledger import ledger
 from coordinator.migrate import upgrade
+from shared.spec import FederationSpec
 from tests.helpers import ADMIN, SMALL_SPEC, update_blob
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -289,15 +291,31 @@ def test_series_puts_the_initial_evaluation_at_version_0_and_keeps_gaps() -> Non
     assert s["train_loss"] == [None, None, 0.4]
 
 
-def test_communication_gives_a_ratio_only_when_the_model_size_is_known() -> None:
-    rounds = [_round(1, 1, "closed", 0, 1, stats={"bytes_up": 2000, "bytes_down": 1000, "updates": 2})]
+def test_communication_reads_the_ledger_and_gives_a_ratio_only_when_the_model_size_is_known() -> None:
+    rounds = [(1, {"bytes_up": 2000, "bytes_down": 1000, "updates": 2, "participants": 2})]
     spec = {"num_virtual_tokens": 20, "hidden_size": 384}
-    c = communication(spec, rounds)
+    status = {"spec": spec, "ledger": ledger(rounds, params_per_client=7680, params_full_model=None)}
+    c = communication(status)
     assert c["prompt_parameters"] == 7680 and c["prompt_bytes"] == 30720
-    assert c["bytes_per_update"] == 1000 and c["ratio"] is None
-    assert communication({**spec, "model_parameters": 22_700_000}, rounds)["ratio"] == pytest.approx(
-        7680 / 22.7e6
-    )
+    assert c["prompt_shape"] == "20 × 384" and c["method"] == "prompt_tuning"
+    assert c["bytes_per_update"] == 1000 and c["ratio"] is None and c["model_parameters"] is None
+    known = {"spec": spec, "ledger": ledger(rounds, params_per_client=7680, params_full_model=22_713_216)}
+    assert communication(known)["ratio"] == pytest.approx(7680 / 22_713_216)
+    assert communication(known)["model_parameters"] == 22_713_216
+
+
+def test_communication_counts_what_p_tuning_and_prefix_tuning_send() -> None:
+    for extra in ({"method": "p_tuning"}, {"method": "prefix_tuning", "num_layers": 6}):
+        spec = FederationSpec.model_validate({**SMALL_SPEC, **extra, "params_full_model": 10**7})
+        sent = spec.params_communicated()
+        assert sent > spec.num_virtual_tokens * spec.hidden_size  # an encoder, or every layer's prefix
+        status = {
+            "spec": spec.model_dump(),
+            "ledger": ledger([], params_per_client=sent, params_full_model=10**7),
+        }
+        c = communication(status)
+        assert c["prompt_parameters"] == sent and c["method"] == extra["method"]
+        assert c["ratio"] == pytest.approx(sent / 10**7)
 
 
 def test_federation_detail_counts_missed_rounds_and_refusals_per_client() -> None:

@@ -46,6 +46,7 @@ SPEC: dict[str, Any] = {
     "min_clients": 3,
     "quorum": 1,
     "round_deadline_s": 600,
+    "params_full_model": 22_713_216,  # all-MiniLM-L6-v2, as simulate records it from the model it loads
 }
 SITES = [("hospital-a", 1200), ("hospital-b", 800), ("hospital-c", 400)]
 # Synthetic per-version metrics the simulated sites report: (accuracy, loss, attack success rate).
@@ -160,6 +161,11 @@ def test_dashboard_follows_rounds_live_and_closes_a_round(browser: Browser, tmp_
         head = page.locator("#fed-head")
         expect(head).to_contain_text(SPEC["name"])
         expect(page.locator("[data-current-round]")).to_have_text("1 / 6")
+
+        # Assert: the prompt's share of the model, from the federation's ledger (20 × 384 of 22.7 M)
+        ratio = page.locator("[data-comm-ratio]")
+        expect(ratio).to_contain_text("0.0338 % of 22,713,216 parameters")
+        expect(page.locator("#fed-comm")).to_contain_text("prompt_tuning: 20 × 384 = 7,680 parameters")
 
         # Assert: the token is nowhere but in an HttpOnly, SameSite=Strict cookie derived from it
         cookies = {c["name"]: c for c in context.cookies()}
