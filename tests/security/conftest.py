@@ -27,7 +27,7 @@ from sqlalchemy import create_engine, text
 
 from shared.local import free_port, wait_ready
 from tests.conftest import _drop_pg_database, _new_pg_database
-from tests.helpers import ADMIN, SMALL_SPEC, coordinator_cmd
+from tests.helpers import ADMIN, coordinator_cmd, federation_with_clients
 
 ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
 # What one refused request may add to the log: its access line and little else (an error trace,
@@ -164,19 +164,7 @@ class World:
 def populate(url: str, n_clients: int = 3) -> tuple[int, str, list[dict[str, Any]]]:
     """A federation (round 1 opens with the second enrolment) and its clients, through the API."""
     with httpx.Client(base_url=url, timeout=30) as api:
-        fid = api.post("/api/v1/federations", json=SMALL_SPEC, headers=ADMIN_H).json()["id"]
-        enrol = api.post(f"/api/v1/federations/{fid}/enrollment-tokens", json={}, headers=ADMIN_H).json()[
-            "token"
-        ]
-        clients = [
-            api.post(
-                f"/api/v1/federations/{fid}/clients",
-                json={"name": f"site-{i}", "num_samples": 5},
-                headers={"Authorization": f"Bearer {enrol}"},
-            ).json()
-            for i in range(n_clients)
-        ]
-    return fid, enrol, clients
+        return federation_with_clients(api, n_clients)
 
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
