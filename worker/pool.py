@@ -140,6 +140,7 @@ class SharedEngine:
                 "encoder_hidden_size",
                 "encoder_num_layers",
                 "prefix_projection",
+                "scoring",
             }
         )
         with self._loading:
