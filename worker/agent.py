@@ -29,6 +29,7 @@ from shared.privacy import gaussian_ldp, gaussian_noise_multiplier, laplace_ldp,
 from shared.spec import FederationSpec
 from worker.data import Example
 from worker.poison import Backdoor
+from worker.protocol import Engine, EngineFactory
 from worker.slots import training_slot
 from worker.state import Credentials, StateDir
 
@@ -113,7 +114,7 @@ class Agent:
         *,
         metrics: Any = None,
         transport: httpx.BaseTransport | None = None,
-        engine_factory: Callable[[FederationSpec, str], Any] | None = None,
+        engine_factory: EngineFactory | None = None,
         engine_lock: AbstractContextManager[Any] | None = None,
     ) -> None:
         self.config = config
@@ -133,7 +134,7 @@ class Agent:
         )
         self.state = StateDir(config.state_dir)
         self._stop = threading.Event()
-        self.engine: Any = None
+        self.engine: Engine = None  # type: ignore[assignment]  # set in _setup, before any task
         self.spec: FederationSpec | None = None
         self.client: CoordinatorClient | None = None
         self._last_prompt: tuple[int, str, bytes] | None = None  # (version, sha256, blob)
@@ -462,7 +463,7 @@ def model_differences(expected: dict[str, Any] | None, local: dict[str, Any] | N
     return "; ".join(parts)
 
 
-def load_engine(spec: FederationSpec, device: str) -> Any:
+def load_engine(spec: FederationSpec, device: str) -> Engine:
     """The real engine for a federation spec."""
     from worker.engine import PromptEngine
 

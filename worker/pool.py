@@ -26,6 +26,7 @@ from shared.spec import FederationSpec
 from worker.agent import Agent, AgentConfig, FatalWorkerError, is_transient, load_engine
 from worker.data import DataError
 from worker.poison import backdoor_from_options
+from worker.protocol import Engine, EngineFactory
 from worker.reach import backoff, describe, unreachable_message
 from worker.shards import ShardSpec, load_shards
 
@@ -118,14 +119,14 @@ class PoolConfig(BaseModel):
 class SharedEngine:
     """The process's one engine, loaded by the first client that needs it and reused by the others."""
 
-    def __init__(self, factory: Any = None) -> None:
+    def __init__(self, factory: EngineFactory | None = None) -> None:
         self._factory = factory or load_engine
-        self._engines: dict[str, Any] = {}
+        self._engines: dict[str, Engine] = {}
         self._loading = threading.Lock()
         # Held by an agent for a whole task on the engine (RLock: a task may re-enter, e.g. ASR).
         self.lock = threading.RLock()
 
-    def __call__(self, spec: FederationSpec, device: str) -> Any:
+    def __call__(self, spec: FederationSpec, device: str) -> Engine:
         """The engine for `spec` (one per distinct model and prompt shape in this process)."""
         key = spec.model_dump_json(
             include={
@@ -257,7 +258,9 @@ def _run_agent(
             return
 
 
-def build_pool(config: PoolConfig, *, engine_factory: Any = None, transport: Any = None) -> Pool:
+def build_pool(
+    config: PoolConfig, *, engine_factory: EngineFactory | None = None, transport: Any = None
+) -> Pool:
     """Agents for every client of `config`, sharing one engine; DataError/ValueError say what is wrong."""
     shared = SharedEngine(engine_factory)
     shards = load_shards([c.shard() for c in config.clients])
