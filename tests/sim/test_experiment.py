@@ -16,7 +16,9 @@ import pytest
 from sim.argv import to_args
 from sim.experiments import runner
 from sim.experiments.config import ConfigError, ExperimentConfig, cell_id, expand, load_config
-from sim.experiments.report import cell_metrics, committed_cells, fill, metrics_of, pivot, report
+from sim.experiments.prose import fill
+from sim.experiments.records import cell_metrics, metrics_of
+from sim.experiments.report import committed_cells, pivot, report
 from sim.experiments.runner import run_experiment, same_options
 
 CONFIG = """

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from sim.experiments.config import load_config
-from sim.experiments.report import PLACEHOLDER, experiments_of, render_document
+from sim.experiments.prose import PLACEHOLDER
+from sim.experiments.report import experiments_of, render_document
 
 ROOT = Path(__file__).parents[2]
 CONFIGS = sorted((ROOT / "experiments").glob("*.yaml"))

@@ -1,0 +1,153 @@
+"""Figures in words: the number formats of the tables, and the placeholders of a config's prose
+(`{{final_accuracy @ dataset=sst2}}`, see sim/experiments/report.py) filled from the records."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from sim.experiments.config import Cell, ConfigError, ExperimentConfig, expand, matches
+from sim.experiments.records import metrics_of
+
+PERCENT = {
+    "initial_accuracy",
+    "final_accuracy",
+    "initial_asr",
+    "final_asr",
+    "max_asr",
+    "local_asr",
+    "max_local_asr",
+    "accuracy_drop",
+}
+
+
+def _number(metric: str, value: float) -> str:
+    if metric in PERCENT:
+        return f"{100 * value:.1f}"
+    if metric == "wall_seconds":
+        return f"{value:.0f}"
+    if metric == "noise":
+        return f"{value:.3g}"
+    if metric.startswith("epsilon"):
+        return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def stat(metric: str, values: Sequence[float], *, with_n: bool = True) -> str:
+    """A cell's figure: the value of one seed, else mean ± std (sample std) over the seeds, (n)."""
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return _number(metric, values[0])
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    text = f"{_number(metric, mean)} ± {_number(metric, std)}"
+    return f"{text} ({len(values)})" if with_n else text
+
+
+def _values(metric: str, records: list[dict[str, Any]]) -> list[float]:
+    out = []
+    for r in records:
+        value = metrics_of(r).get(metric)
+        if value is not None:
+            out.append(value)
+    return out
+
+
+def _params(config: ExperimentConfig, cell: Cell) -> dict[str, Any]:
+    return {**config.base, **cell.params}
+
+
+PLACEHOLDER = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
+
+
+def _pattern(text: str) -> dict[str, str]:
+    """'dataset=sst2, aggregation=multi_krum:f=1,m=7' → {'dataset': 'sst2', 'aggregation': 'multi_krum:f=1,m=7'}."""
+    out = {}
+    for part in re.split(r",\s*(?=[A-Za-z_][A-Za-z0-9_]*=)", text.strip()):
+        key, sep, value = part.strip().partition("=")
+        if not sep:
+            raise ConfigError(f"placeholder pattern '{text}': '{part}' is not key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _cell_records(config: ExperimentConfig, records: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    """The finished records (any seed) of the one cell a placeholder pattern names."""
+    pattern = _pattern(text)
+    chosen = [c for c in expand(config) if matches(_params(config, c), pattern)]
+    distinct = {json.dumps(c.params, sort_keys=True, default=str) for c in chosen}
+    if len(distinct) != 1:
+        raise ConfigError(
+            f"{config.name}: placeholder pattern '{text}' matches {len(distinct)} cells; it must name one"
+        )
+    ids = {c.id for c in chosen}
+    return [r for r in records if r["cell"] in ids and r.get("done")]
+
+
+def _series(metric: str, done: list[dict[str, Any]]) -> str:
+    """Round 0 (the starting prompt's figure) to the last round, averaged over the seeds."""
+    if not done:
+        return "–"
+    first = {"asr": "initial_asr", "accuracy": "initial_accuracy"}.get(metric)
+    columns: list[list[float]] = []
+    for r in done:
+        points = [metrics_of(r).get(first)] if first else []
+        points += [p.get(metric) for p in r.get("rounds") or []]
+        columns.append([p for p in points if p is not None])
+    length = min(len(c) for c in columns)
+    means = [sum(c[i] for c in columns) / len(columns) for i in range(length)]
+    return " → ".join(f"{100 * v:.1f}" for v in means)
+
+
+def unwrap(text: str) -> str:
+    """Config prose as markdown: the lines of a paragraph or list item joined (YAML wraps them at
+    its own width; the figures filled in change the lengths), blank lines and items kept."""
+    out: list[str] = []
+    for line in text.strip().splitlines():
+        line = line.strip()
+        if not line or line.startswith(("- ", "* ")) or not out or not out[-1]:
+            out.append(line)
+        else:
+            out[-1] += " " + line
+    return "\n".join(out)
+
+
+def fill(text: str, config: ExperimentConfig, records: list[dict[str, Any]]) -> str:
+    """The text, unwrapped, with every {{…}} placeholder replaced by its figure (see the module's
+    docstring)."""
+    text = unwrap(text)
+
+    def one(m: re.Match[str]) -> str:
+        body = m.group(1).strip()
+        what, sep, where = body.partition("@")
+        if not sep:
+            raise ConfigError(f"{config.name}: placeholder '{{{{{body}}}}}' needs 'metric @ key=value'")
+        what = what.strip()
+        if what.startswith("series:"):
+            return _series(what.removeprefix("series:"), _cell_records(config, records, where))
+        if what == "n":
+            return str(len(_cell_records(config, records, where)))
+        parts = re.split(r"\s+-\s+", where.strip())
+        if len(parts) == 2:
+            a, b = (_values(what, _cell_records(config, records, p)) for p in parts)
+            if not a or not b:
+                return "–"
+            diff = sum(a) / len(a) - sum(b) / len(b)
+            text = _number(what, abs(diff))
+            return ("+" if diff >= 0 else "−") + text
+        return stat(what, _values(what, _cell_records(config, records, where)), with_n=False)
+
+    return PLACEHOLDER.sub(one, text)
+
+
+def _cells_text(cells: list[dict[str, Any]]) -> str:
+    def value(v: Any) -> str:
+        return f"`{v}`" if isinstance(v, str) and " " in v else str(v)
+
+    return "; ".join(", ".join(f"{k}={value(v)}" for k, v in c.items()) for c in cells)
