@@ -27,7 +27,7 @@ from bench.common import ratio, self_peak_rss_mib, write_result
 from shared.spec import DEFAULT_MODEL
 from worker.data import load_dataset, preset_for
 from worker.engine import PromptEngine
-from worker.engine.engine import _cycle_batches
+from worker.engine.batching import cycle_batches
 from worker.engine.model import resolve_model
 
 
@@ -51,7 +51,7 @@ class BareLoop:
         """`steps` AdamW steps from the initial prompt; returns the last loss."""
         prompt = torch.nn.Parameter(self.init.clone())
         opt = torch.optim.AdamW([prompt], lr=0.3, weight_decay=0.0)
-        batches = _cycle_batches(len(examples), batch_size, np.random.default_rng([seed, 0xBA]))
+        batches = cycle_batches(len(examples), batch_size, np.random.default_rng([seed, 0xBA]))
         emb = self.model.embeddings.word_embeddings
         loss = torch.tensor(0.0)
         for _ in range(steps):

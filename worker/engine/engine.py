@@ -5,8 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -17,6 +16,7 @@ from torch.nn import functional as F
 from shared import wire
 from shared.methods import PROMPT_TENSOR, EncoderType, Method, MethodConfig, peft_state_names, tensor_shapes
 from shared.spec import FederationSpec
+from worker.engine.batching import cycle_batches, pad
 from worker.engine.methods import model_shape, wrap
 from worker.engine.model import (
     Backbone,
@@ -33,13 +33,11 @@ from worker.engine.model import (
     resolve_model,
     split_masked_lm,
 )
+from worker.engine.results import EvalResult, TrainResult
+from worker.engine.scoring import Scoring, phrase_embeddings, pooled_scores, resolve_scoring
 from worker.engine.template import Template, TextPair, Verbalizer
 
 Init = Literal["random", "vocab", "label"]
-Scoring = Literal["auto", "tied-embeddings", "mean-pool"]
-# Cosine similarities × this scale are the label logits of mean-pool scoring (sentence-transformers'
-# contrastive losses use the same scale).
-SIMILARITY_SCALE = 20.0
 ProgressFn = Callable[[int, int, float], None]
 
 # Lester et al. draw the initial prompt from the 5,000 most common tokens; BERT-style vocabularies are
@@ -49,92 +47,6 @@ _VOCAB_INIT_POOL = 5000
 
 class PromptError(ValueError):
     """A prompt whose tensor names, shapes or values do not fit this engine."""
-
-
-@dataclass
-class TrainResult:
-    """What one call of PromptEngine.train did."""
-
-    steps: int
-    mean_loss: float
-    last_loss: float
-    seconds: float
-    num_examples: int
-
-    @property
-    def seconds_per_step(self) -> float:
-        """Wall-clock seconds per optimisation step."""
-        return self.seconds / self.steps if self.steps else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form."""
-        return {**asdict(self), "seconds_per_step": self.seconds_per_step}
-
-
-@dataclass
-class EvalResult:
-    """Accuracy, mean cross-entropy and per-class counts of one evaluation."""
-
-    accuracy: float
-    loss: float
-    n: int
-    correct: list[int] = field(default_factory=list)
-    total: list[int] = field(default_factory=list)
-    confusion: list[list[int]] = field(default_factory=list)  # confusion[true][predicted]
-    seconds: float = 0.0
-
-    @property
-    def per_class_accuracy(self) -> list[float | None]:
-        """Recall of each label (None for a label absent from the data)."""
-        return [c / t if t else None for c, t in zip(self.correct, self.total, strict=True)]
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form."""
-        return {**asdict(self), "per_class_accuracy": self.per_class_accuracy}
-
-
-def _pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        mask[i, : len(row)] = 1
-    return ids, mask
-
-
-def _cycle_batches(n: int, batch_size: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
-    """Endless batches over a fresh permutation per epoch; a batch may span two epochs."""
-    order = rng.permutation(n)
-    at = 0
-    while True:
-        if at + batch_size <= n:
-            yield order[at : at + batch_size]
-            at += batch_size
-            continue
-        head = order[at:]
-        order = rng.permutation(n)
-        need = min(batch_size, n) - len(head)
-        yield np.concatenate([head, order[:need]])
-        at = need
-
-
-def resolve_scoring(scoring: Scoring, backbone: Backbone) -> Literal["label-words", "mean-pool"]:
-    """How label scores are read. 'auto': the label words through the model's LM / MLM head when it has
-    one, mean-pool similarity for an encoder whose checkpoint has none (e.g. all-MiniLM-L6-v2);
-    'tied-embeddings': the label words at [MASK] through the tied input embeddings even then."""
-    if scoring not in ("auto", "tied-embeddings", "mean-pool"):
-        raise ValueError(f"scoring must be auto, tied-embeddings or mean-pool; got {scoring!r}")
-    bare_encoder = backbone.family == "masked_lm" and backbone.full_model is None
-    if scoring == "mean-pool" and not bare_encoder:
-        raise ValueError("mean-pool scoring needs an encoder (a masked LM such as BERT or MiniLM)")
-    if scoring == "mean-pool" or (scoring == "auto" and bare_encoder and backbone.mlm_head is None):
-        return "mean-pool"
-    return "label-words"
-
-
-def _flatten(groups: Sequence[Sequence[str]]) -> list[str]:
-    return [word for group in groups for word in group]
 
 
 def _interleave(groups: Sequence[Sequence[int]]) -> list[int]:
@@ -229,7 +141,11 @@ class PromptEngine:
             average[label, j] = 1.0
         self._average = (average / average.sum(dim=1, keepdim=True)).to(self.device)
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self._label_embeddings = self._phrase_embeddings() if self.scoring == "mean-pool" else None
+        self._label_embeddings = (
+            phrase_embeddings(backbone.encoder, tokenizer, self.template, self.verbalizer, self.device)
+            if self.scoring == "mean-pool"
+            else None
+        )
 
     # ------------------------------------------------------------------ construction
 
@@ -416,7 +332,7 @@ class PromptEngine:
 
     def _batch(self, examples: Sequence[TextPair]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         encoded = self.template.encode(examples)
-        ids, mask = _pad(encoded.input_ids, self._pad_id)
+        ids, mask = pad(encoded.input_ids, self._pad_id)
         positions = torch.tensor(encoded.mask_positions, dtype=torch.long)
         return ids.to(self.device), mask.to(self.device), positions.to(self.device)
 
@@ -436,7 +352,7 @@ class PromptEngine:
             )
         out = self._peft(**kwargs)
         if self._label_embeddings is not None:
-            return self._pooled_scores(out.last_hidden_state, attention_mask)
+            return pooled_scores(out.last_hidden_state, attention_mask, self._label_embeddings)
         if self.family == "seq2seq":
             # The first decoder token reads the label word.
             word_logits = out.logits[:, 0][:, self._word_ids]
@@ -451,29 +367,6 @@ class PromptEngine:
                 # No trained MLM head in the checkpoint: read the label words through the tied input embeddings.
                 word_logits = hidden @ bb.input_embeddings.weight[self._word_ids].T
         return word_logits.float() @ self._average.T
-
-    def _pooled_scores(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Mean-pool scoring: SIMILARITY_SCALE × cosine of the mean-pooled output of the real tokens (the
-        prompt acts through attention; its own positions are left out, as the model was trained to pool)
-        with each label's phrase embedding."""
-        virtual = hidden.shape[1] - attention_mask.shape[1]  # prompt tuning and P-tuning prepend these
-        mask = attention_mask.to(hidden.dtype).unsqueeze(-1)
-        pooled = (hidden[:, virtual:] * mask).sum(dim=1) / mask.sum(dim=1)
-        return SIMILARITY_SCALE * F.normalize(pooled.float(), dim=-1) @ self._label_embeddings.T
-
-    @torch.no_grad()
-    def _phrase_embeddings(self) -> torch.Tensor:
-        """[num_labels, hidden]: each label's phrases (the template without its text, [MASK] replaced by a
-        label word: "It was great.") through the frozen encoder without a prompt, mean-pooled and
-        normalised; a label with several words averages them."""
-        phrases = [self.template.label_phrase(word) for word in _flatten(self.verbalizer.words)]
-        batch = self.tokenizer(phrases, return_tensors="pt", padding=True).to(self.device)
-        hidden = self._backbone.encoder(**batch).last_hidden_state.float()
-        mask = batch["attention_mask"].unsqueeze(-1).float()
-        each = F.normalize((hidden * mask).sum(dim=1) / mask.sum(dim=1), dim=-1)
-        labels = torch.tensor(self.verbalizer.word_label, device=self.device)
-        per_label = torch.stack([each[labels == k].mean(dim=0) for k in range(self.verbalizer.num_labels)])
-        return F.normalize(per_label, dim=-1)
 
     # ------------------------------------------------------------------ training and evaluation
 
@@ -497,7 +390,7 @@ class PromptEngine:
         labels = self._labels(examples)
         params = list(self._params.values())
         optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-        batches = _cycle_batches(len(examples), batch_size, np.random.default_rng([seed, 0xBA]))
+        batches = cycle_batches(len(examples), batch_size, np.random.default_rng([seed, 0xBA]))
         started = time.perf_counter()
         losses: list[float] = []
         for step in range(1, steps + 1):
@@ -555,7 +448,7 @@ class PromptEngine:
         total_loss = 0.0
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            ids, mask = _pad([encoded.input_ids[i] for i in idx], self._pad_id)
+            ids, mask = pad([encoded.input_ids[i] for i in idx], self._pad_id)
             pos = torch.tensor([encoded.mask_positions[i] for i in idx], dtype=torch.long)
             target = labels[idx]
             with self._autocast():

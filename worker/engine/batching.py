@@ -1,0 +1,35 @@
+"""Batches: padding token rows and the seeded endless batch order of training."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+
+def pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token ids, attention mask), right-padded to the longest row."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, : len(row)] = 1
+    return ids, mask
+
+
+def cycle_batches(n: int, batch_size: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """Endless batches over a fresh permutation per epoch; a batch may span two epochs."""
+    order = rng.permutation(n)
+    at = 0
+    while True:
+        if at + batch_size <= n:
+            yield order[at : at + batch_size]
+            at += batch_size
+            continue
+        head = order[at:]
+        order = rng.permutation(n)
+        need = min(batch_size, n) - len(head)
+        yield np.concatenate([head, order[:need]])
+        at = need

@@ -1,0 +1,63 @@
+"""How label scores are read: the label words through the model's head, or, for an encoder whose
+checkpoint has no MLM head, mean-pool similarity with the label phrases."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from torch.nn import functional as F
+
+from worker.engine.model import Backbone
+from worker.engine.template import Template, Verbalizer
+
+Scoring = Literal["auto", "tied-embeddings", "mean-pool"]
+# Cosine similarities × this scale are the label logits of mean-pool scoring (sentence-transformers'
+# contrastive losses use the same scale).
+SIMILARITY_SCALE = 20.0
+
+
+def resolve_scoring(scoring: Scoring, backbone: Backbone) -> Literal["label-words", "mean-pool"]:
+    """How label scores are read. 'auto': the label words through the model's LM / MLM head when it has
+    one, mean-pool similarity for an encoder whose checkpoint has none (e.g. all-MiniLM-L6-v2);
+    'tied-embeddings': the label words at [MASK] through the tied input embeddings even then."""
+    if scoring not in ("auto", "tied-embeddings", "mean-pool"):
+        raise ValueError(f"scoring must be auto, tied-embeddings or mean-pool; got {scoring!r}")
+    bare_encoder = backbone.family == "masked_lm" and backbone.full_model is None
+    if scoring == "mean-pool" and not bare_encoder:
+        raise ValueError("mean-pool scoring needs an encoder (a masked LM such as BERT or MiniLM)")
+    if scoring == "mean-pool" or (scoring == "auto" and bare_encoder and backbone.mlm_head is None):
+        return "mean-pool"
+    return "label-words"
+
+
+def _flatten(groups: Sequence[Sequence[str]]) -> list[str]:
+    return [word for group in groups for word in group]
+
+
+def pooled_scores(hidden: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean-pool scoring: SIMILARITY_SCALE × cosine of the mean-pooled output of the real tokens (the
+    prompt acts through attention; its own positions are left out, as the model was trained to pool)
+    with each label's phrase embedding (`labels`: [num_labels, hidden], normalised)."""
+    virtual = hidden.shape[1] - attention_mask.shape[1]  # prompt tuning and P-tuning prepend these
+    mask = attention_mask.to(hidden.dtype).unsqueeze(-1)
+    pooled = (hidden[:, virtual:] * mask).sum(dim=1) / mask.sum(dim=1)
+    return SIMILARITY_SCALE * F.normalize(pooled.float(), dim=-1) @ labels.T
+
+
+@torch.no_grad()
+def phrase_embeddings(
+    encoder: Any, tokenizer: Any, template: Template, verbalizer: Verbalizer, device: torch.device
+) -> torch.Tensor:
+    """[num_labels, hidden]: each label's phrases (the template without its text, [MASK] replaced by a
+    label word: "It was great.") through the frozen encoder without a prompt, mean-pooled and
+    normalised; a label with several words averages them."""
+    phrases = [template.label_phrase(word) for word in _flatten(verbalizer.words)]
+    batch = tokenizer(phrases, return_tensors="pt", padding=True).to(device)
+    hidden = encoder(**batch).last_hidden_state.float()
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    each = F.normalize((hidden * mask).sum(dim=1) / mask.sum(dim=1), dim=-1)
+    labels = torch.tensor(verbalizer.word_label, device=device)
+    per_label = torch.stack([each[labels == k].mean(dim=0) for k in range(verbalizer.num_labels)])
+    return F.normalize(per_label, dim=-1)
