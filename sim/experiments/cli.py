@@ -39,9 +39,8 @@ def run_command(
         committed_cells,
         committed_match,
         is_complete,
-        outdated,
         run_experiment,
-        scored_before_mean_pool,
+        stale_reason,
     )
 
     try:
@@ -55,9 +54,7 @@ def run_command(
         console.print(f"{cfg.name}: {len(cells)} cells (seeds {cfg.seeds})")
         for cell in cells:
             match = committed_match(committed, cfg, cell, out)
-            stale = outdated(match, cell.options) if match is not None else None
-            if match is not None and scored_before_mean_pool(match, cell.options):
-                stale = "scored through the tied input embeddings, before mean-pool scoring was the default"
+            stale = stale_reason(match, cell.options) if match is not None else None
             if is_complete(out / cfg.name / cell.id, cell.options):
                 state = "done"
             elif match is not None and stale is None:

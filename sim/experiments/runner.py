@@ -86,6 +86,14 @@ def outdated(record: dict[str, Any], options: dict[str, Any]) -> str | None:
     return None
 
 
+def stale_reason(record: dict[str, Any], options: dict[str, Any]) -> str | None:
+    """Why the runner runs a committed cell again on this build (outdated LDP calibration, or the
+    labels read through the tied embeddings before mean-pool scoring), or None."""
+    if scored_before_mean_pool(record, options):
+        return "scored through the tied input embeddings, before mean-pool scoring was the default"
+    return outdated(record, options)
+
+
 def scored_before_mean_pool(record: dict[str, Any], options: dict[str, Any]) -> bool:
     """True for a committed MiniLM cell that read its labels through the tied input embeddings (records
     carry `scoring` since mean-pool scoring became the default) while these options now mean
@@ -234,9 +242,7 @@ def run_experiment(
                 # the warm start first: a committed cell counts only if it started from this prompt
                 options["init_prompt"] = str(_warm_start(config, cell, out_root, echo, runner))
             match = committed_match(committed, config, cell, out_root)
-            stale = outdated(match, cell.options) if match is not None else None
-            if match is not None and scored_before_mean_pool(match, cell.options):
-                stale = "scored through the tied input embeddings, before mean-pool scoring was the default"
+            stale = stale_reason(match, cell.options) if match is not None else None
             if match is not None and stale is None:
                 record["status"] = "done"
                 statuses.append(record)

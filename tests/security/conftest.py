@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import time
 import uuid
@@ -27,7 +26,7 @@ from sqlalchemy import create_engine, text
 
 from shared.local import free_port, wait_ready
 from tests.conftest import _drop_pg_database, _new_pg_database
-from tests.helpers import ADMIN, coordinator_cmd, federation_with_clients
+from tests.helpers import ADMIN, coordinator_cmd, federation_with_clients, stop_all
 
 ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
 # What one refused request may add to the log: its access line and little else (an error trace,
@@ -99,13 +98,7 @@ def serve(database_url: str, data_dir: Path, env: dict[str, str] | None = None) 
         wait_ready(url, 60.0, exited)
         yield Server(url, proc, log)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all([proc])
 
 
 def snapshot(database_url: str) -> dict[str, str]:
