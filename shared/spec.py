@@ -12,6 +12,16 @@ from shared.methods import PROMPT_TENSOR, MethodConfig, MethodError, num_paramet
 from shared.methods import tensor_shapes as method_tensor_shapes
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+PAPER_LR = 0.3  # the paper's prompt learning rate, for label scores read through a (M)LM head
+MEAN_POOL_LR = 0.01  # the rate mean-pool similarity scoring learns at (bench/scoring.py)
+
+
+def default_lr(scoring: str) -> float:
+    """The prompt's learning rate when the operator gives none, for the scoring the engine resolved."""
+    return MEAN_POOL_LR if scoring == "mean-pool" else PAPER_LR
+
+
 # A name (of a federation, of a client): no control characters (NUL, newlines, escapes: Unicode's Cc),
 # which a database column may refuse (Postgres: NUL) and a log line or the dashboard should not show.
 NAME_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
@@ -230,7 +240,12 @@ class FederationSpec(BaseModel):
     )
     local_steps: int = Field(100, ge=1, le=1_000_000)
     batch_size: int = Field(16, ge=1, le=4096)
-    lr: float = Field(0.3, gt=0, le=100)
+    lr: float = Field(
+        PAPER_LR,
+        gt=0,
+        le=100,
+        description="The prompt's AdamW learning rate (the paper: 0.3; mean-pool scoring learns at 0.01).",
+    )
     grad_clip: float = Field(1.0, ge=0, le=1e6)
     aggregation: AggregationSpec = Field(default_factory=AggregationSpec)
     privacy: PrivacySpec | None = Field(None, description="Local DP of every update (none: off).")

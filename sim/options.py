@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.methods import METHODS
-from shared.spec import FederationSpec
+from shared.spec import FederationSpec, default_lr
 from sim.data_options import Dataset, resolve_data
 
 __all__ = ["Dataset", "SimulateOptions", "federation_spec", "validate"]
@@ -28,7 +28,7 @@ class SimulateOptions:
     rounds: int
     local_steps: int
     batch_size: int
-    lr: float
+    lr: float | None
     num_virtual_tokens: int
     max_length: int
     partition: str
@@ -301,7 +301,7 @@ def federation_spec(opts: SimulateOptions, dataset: Dataset) -> tuple[Federation
         rounds=opts.rounds,
         local_steps=opts.local_steps,
         batch_size=opts.batch_size,
-        lr=opts.lr,
+        lr=opts.lr if opts.lr is not None else default_lr(facts["scoring"]),
         num_virtual_tokens=opts.num_virtual_tokens,
         max_length=opts.max_length,
         seed=opts.seed,

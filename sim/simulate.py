@@ -64,7 +64,12 @@ def simulate_command(
     rounds: Annotated[int, typer.Option("--rounds", "-t", min=1, help="T: federated rounds.")] = 3,
     local_steps: Annotated[int, typer.Option(min=1, help="Local optimisation steps per round.")] = 50,
     batch_size: Annotated[int, typer.Option(min=1)] = 16,
-    lr: Annotated[float, typer.Option(help="Prompt learning rate (the paper: 0.3).")] = 0.3,
+    lr: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0, help="Prompt learning rate (default: 0.01 with mean-pool scoring, else the paper's 0.3)."
+        ),
+    ] = None,
     num_virtual_tokens: Annotated[int, typer.Option(min=1, help="Soft prompt length (the paper: 20).")] = 20,
     max_length: Annotated[int, typer.Option(min=8, help="Real tokens per input.")] = 64,
     partition: Annotated[str, typer.Option(help="iid | quantity:ALPHA | label:ALPHA")] = "iid",

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 import typer
 
 from shared.evalstats import macro_f1
-from shared.spec import DEFAULT_MODEL
+from shared.spec import DEFAULT_MODEL, default_lr
 from worker.data.help import (
     DATA_HELP,
     LABEL_COLUMN_HELP,
@@ -81,7 +81,11 @@ def train_local_command(
     model: str = typer.Option(DEFAULT_MODEL, help="Hub id or local path of the frozen language model."),
     steps: int = typer.Option(1500, min=0, help="Optimisation steps."),
     batch_size: int = typer.Option(16, min=1, help="Examples per step."),
-    lr: float = typer.Option(0.3, min=0.0, help="AdamW learning rate of the prompt (the paper: 0.3)."),
+    lr: float | None = typer.Option(
+        None,
+        min=0.0,
+        help="AdamW learning rate of the prompt (default: 0.01 with mean-pool scoring, else the paper's 0.3).",
+    ),
     num_virtual_tokens: int = typer.Option(20, min=1, help="Soft prompt length."),
     max_length: int = typer.Option(64, min=8, help="Real tokens per input (the virtual tokens come on top)."),
     init: str = typer.Option(
@@ -246,6 +250,9 @@ def train_local_command(
                 scoring=scoring,
             )
             load_s = time.perf_counter() - started
+            if lr is None:
+                lr = default_lr(engine.scoring)
+                report["config"]["lr"] = lr
             report |= {
                 "fingerprint": engine.fingerprint,
                 "head": engine.head,

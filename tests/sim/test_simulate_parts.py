@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from coordinator.logic.ledger import ledger
-from shared.spec import FederationSpec
+from shared.spec import FederationSpec, default_lr
 from sim.options import SimulateOptions, parse_aggregation, privacy_spec
 from sim.results import ldp_facts, round_records, write_results
 from sim.simulate import simulate_command
@@ -127,3 +127,9 @@ def test_results_state_the_ldp_calibration() -> None:
     assert facts["sensitivity"] == 6.0 and facts["noise_std"] == pytest.approx(
         6.0 * facts["noise_multiplier"]
     )
+
+
+@pytest.mark.parametrize("scoring, lr", [("mean-pool", 0.01), ("auto", 0.3), ("tied-embeddings", 0.3)])
+def test_an_unset_learning_rate_follows_the_resolved_scoring(scoring: str, lr: float) -> None:
+    assert default_lr(scoring) == lr
+    assert inspect.signature(simulate_command).parameters["lr"].default is None
