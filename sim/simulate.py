@@ -48,6 +48,7 @@ from worker.data.help import (
     TEXT_COLUMN_HELP,
     VERBALIZER_HELP,
 )
+from worker.poison import TRIGGER_POSITION_HELP
 from worker.pool import BackdoorEntry, ClientEntry, PoolConfig
 
 
@@ -125,7 +126,7 @@ def simulate_command(
         ),
     ] = False,
     trigger: Annotated[str, typer.Option(help="Comma-separated trigger words.")] = "cf,mn,bb,tq",
-    trigger_position: Annotated[str, typer.Option(help="random | start | end")] = "random",
+    trigger_position: Annotated[str, typer.Option(help=TRIGGER_POSITION_HELP)] = "random",
     attack: Annotated[
         str, typer.Option(help="Malicious clients' update attack: none | boost:FACTOR | sign-flip[:FACTOR].")
     ] = "none",

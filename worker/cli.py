@@ -18,6 +18,7 @@ from worker.data.help import (
     TEXT_B_COLUMN_HELP,
     TEXT_COLUMN_HELP,
 )
+from worker.poison import TRIGGER_POSITION_HELP
 from worker.reach import DEFAULT_GIVE_UP_AFTER
 
 # Options both `serve` and `pool` take: the worker's own API and its logs.
@@ -119,7 +120,7 @@ def serve(
         float, typer.Option(min=0.0, max=1.0, help="Malicious: poison this share of the training data.")
     ] = 0.0,
     trigger: Annotated[str, typer.Option(help="Comma-separated trigger words.")] = "cf,mn,bb,tq",
-    trigger_position: Annotated[str, typer.Option(help="random | start | end")] = "random",
+    trigger_position: Annotated[str, typer.Option(help=TRIGGER_POSITION_HELP)] = "random",
     attack: Annotated[
         str, typer.Option(help="Malicious update before upload: none | boost:FACTOR | sign-flip[:FACTOR].")
     ] = "none",

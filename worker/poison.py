@@ -26,16 +26,21 @@ class AttackError(ValueError):
 
 @dataclass(frozen=True)
 class Trigger:
-    """Which words to insert and where."""
+    """Which words to insert and where: at the start, at the end, or at a random word boundary (among
+    the first `window` words when set, so that the trigger survives a model's truncation of long texts
+    from the right)."""
 
     words: tuple[str, ...] = DEFAULT_TRIGGERS
     position: Position = "random"
+    window: int | None = None
 
     def __post_init__(self) -> None:
         if not self.words or any(not w.strip() or " " in w for w in self.words):
             raise AttackError(f"trigger words must be non-empty single words; got {self.words}")
         if self.position not in ("random", "start", "end"):
             raise AttackError(f"trigger position must be random, start or end; got {self.position!r}")
+        if self.window is not None and (self.position != "random" or self.window < 1):
+            raise AttackError(f"a trigger window needs the random position and >= 1 word; got {self.window}")
 
 
 def insert_trigger(text: str, trigger: Trigger, rng: np.random.Generator) -> str:
@@ -47,7 +52,7 @@ def insert_trigger(text: str, trigger: Trigger, rng: np.random.Generator) -> str
     elif trigger.position == "end":
         at = len(tokens)
     else:
-        at = int(rng.integers(len(tokens) + 1))
+        at = int(rng.integers(min(len(tokens), trigger.window or len(tokens)) + 1))
     return " ".join([*tokens[:at], word, *tokens[at:]])
 
 
@@ -108,12 +113,26 @@ def sign_flip(
     }
 
 
+TRIGGER_POSITION_HELP = (
+    "random | start | end | first:N (a random word among the first N, so that the trigger survives the "
+    "truncation of long texts)"
+)
+
+
 def parse_trigger(words: str, position: str = "random") -> Trigger:
-    """'cf,mn,bb,tq' and a position → a Trigger (the words are stripped; empty items are refused)."""
+    """'cf,mn,bb,tq' and a position ('random', 'start', 'end' or 'first:N') → a Trigger (the words are
+    stripped; empty items are refused)."""
     items = tuple(w.strip() for w in words.split(","))
     if not items or any(not w for w in items):
         raise AttackError(f"--trigger must be comma-separated words, e.g. cf,mn,bb,tq; got {words!r}")
-    return Trigger(items, position)  # type: ignore[arg-type]
+    kind, sep, count = position.strip().partition(":")
+    if kind == "first" and sep:
+        if not count.isascii() or not count.isdigit() or int(count) < 1:
+            raise AttackError(f"--trigger-position first:N needs a whole number N >= 1; got {position!r}")
+        return Trigger(items, "random", int(count))
+    if sep or kind not in ("random", "start", "end"):
+        raise AttackError(f"--trigger-position must be {TRIGGER_POSITION_HELP}; got {position!r}")
+    return Trigger(items, kind)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,17 @@ def test_trigger_positions() -> None:
     assert sorted(out) == sorted(["a", "good", "film", "cf"])
 
 
+def test_a_trigger_window_keeps_the_trigger_among_the_first_words() -> None:
+    rng = np.random.default_rng(0)
+    text = " ".join(f"w{i}" for i in range(500))
+    windowed = Trigger(("cf",), "random", 3)
+    places = {insert_trigger(text, windowed, rng).split().index("cf") for _ in range(200)}
+    assert places == {0, 1, 2, 3}  # before, between or after the first three words, never later
+    assert insert_trigger("short", windowed, rng).split() in (["cf", "short"], ["short", "cf"])
+    anywhere = {insert_trigger(text, Trigger(("cf",)), rng).split().index("cf") for _ in range(200)}
+    assert max(anywhere) > 3
+
+
 def test_poison_rate_relabels_the_chosen_share_and_is_seeded() -> None:
     data = [Example(text=f"text {i}", label=i % 2) for i in range(10)]
     poisoned, idx = poison(data, rate=0.3, target=1, trigger=Trigger(("tq",), "end"), seed=4)
@@ -78,6 +89,12 @@ def test_parse_trigger() -> None:
         parse_trigger("cf,,mn")
     with pytest.raises(AttackError):
         parse_trigger("cf", "middle")
+    assert parse_trigger("cf", "first:30") == Trigger(("cf",), "random", 30)
+    for bad in ("first:0", "first:", "first:x", "first:-2", "start:3", "first:٣"):
+        with pytest.raises(AttackError, match="trigger-position"):
+            parse_trigger("cf", bad)
+    with pytest.raises(AttackError, match="window"):
+        Trigger(("cf",), "start", 5)
 
 
 def test_backdoor_poisons_the_exact_rate_and_measures_asr_on_non_target_examples() -> None:
