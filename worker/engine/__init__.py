@@ -1,6 +1,6 @@
 """The worker's model side: a frozen PLM plus a trainable soft prompt (pure torch + transformers, no HTTP)."""
 
-from worker.engine.engine import EvalResult, PromptEngine, PromptError, TrainResult
+from worker.engine.engine import PromptEngine
 from worker.engine.model import (
     MINILM_ALIASES,
     ModelError,
@@ -9,6 +9,8 @@ from worker.engine.model import (
     pick_device,
     resolve_model,
 )
+from worker.engine.prompt_io import PromptError
+from worker.engine.results import EvalResult, TrainResult
 from worker.engine.template import Template, TemplateError, Verbalizer
 
 __all__ = [

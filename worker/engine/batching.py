@@ -1,8 +1,9 @@
-"""Batches: padding token rows and the seeded endless batch order of training."""
+"""Batches: padding token rows, checked label ids and the seeded endless batch order of training."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,6 +18,19 @@ def pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]
         ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
         mask[i, : len(row)] = 1
     return ids, mask
+
+
+def label_ids(examples: Sequence[Any], num_labels: int) -> torch.Tensor:
+    """The examples' labels as a long tensor; ValueError for one outside 0..num_labels - 1."""
+    labels = torch.tensor([int(ex.label) for ex in examples], dtype=torch.long)
+    bad = (labels < 0) | (labels >= num_labels)
+    if bool(bad.any()):
+        first = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"example {first} has label {int(labels[first])}; the verbalizer has "
+            f"{num_labels} labels (0..{num_labels - 1})"
+        )
+    return labels
 
 
 def cycle_batches(n: int, batch_size: int, rng: np.random.Generator) -> Iterator[np.ndarray]:

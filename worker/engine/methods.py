@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torch import nn
 
 from shared.methods import PEFT_TASK_TYPES, MethodConfig, MethodError, peft_state_names
@@ -98,3 +99,17 @@ def wrap(backbone: Backbone, cfg: MethodConfig) -> tuple[nn.Module, nn.Module]:
     if names != params:  # a PEFT whose encoder layout moved: the wire names would no longer load
         raise MethodError(f"PEFT's prompt encoder has parameters {sorted(params)}; expected {sorted(names)}")
     return model, encoder
+
+
+def attach(
+    backbone: Backbone, cfg: MethodConfig, *, seed: int, device: torch.device
+) -> tuple[nn.Module, nn.Module, dict[str, nn.Parameter]]:
+    """(PeftModel, its prompt encoder on `device`, the encoder's parameters keyed by wire name) of a method
+    around the backbone."""
+    # PEFT initialises the encoder's layers from torch's global RNG: seed it so a seed means one prompt.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model, encoder = wrap(backbone, cfg)
+    encoder.to(device)
+    params = dict(encoder.named_parameters())
+    return model, encoder, {wire_name: params[name] for wire_name, name in peft_state_names(cfg).items()}

@@ -232,6 +232,22 @@ def describe_objects(config: Any, tokenizer: Any) -> dict[str, Any]:
     )
 
 
+def freeze(backbone: Backbone, device: torch.device) -> None:
+    """Freeze the PLM's modules and move them to the device."""
+    for module in (backbone.encoder, backbone.mlm_head, backbone.full_model):
+        if module is not None:
+            module.requires_grad_(False)
+            # Dropout off: the PLM is frozen and a fixed forward makes training reproducible.
+            module.eval()
+            module.to(device)
+
+
+def decoder_start_id(config: Any) -> int:
+    """The token a seq2seq decoder starts from: decoder_start_token_id, else the pad token, else 0."""
+    start = getattr(config, "decoder_start_token_id", None)
+    return int(start if start is not None else (config.pad_token_id or 0))
+
+
 def pick_device(device: str) -> torch.device:
     """'auto' → CUDA when available, else CPU; 'cpu' / 'cuda' / 'cuda:N' as asked."""
     if device == "auto":

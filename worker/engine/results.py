@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 
 @dataclass
 class TrainResult:
@@ -15,6 +17,17 @@ class TrainResult:
     last_loss: float
     seconds: float
     num_examples: int
+
+    @classmethod
+    def from_losses(cls, losses: list[float], *, seconds: float, num_examples: int) -> TrainResult:
+        """The report of a run whose steps had these losses."""
+        return cls(
+            steps=len(losses),
+            mean_loss=float(np.mean(losses)) if losses else float("nan"),
+            last_loss=losses[-1] if losses else float("nan"),
+            seconds=seconds,
+            num_examples=num_examples,
+        )
 
     @property
     def seconds_per_step(self) -> float:
@@ -37,6 +50,21 @@ class EvalResult:
     total: list[int] = field(default_factory=list)
     confusion: list[list[int]] = field(default_factory=list)  # confusion[true][predicted]
     seconds: float = 0.0
+
+    @classmethod
+    def from_confusion(cls, confusion: np.ndarray, loss_sum: float, seconds: float) -> EvalResult:
+        """The report of an evaluation from its counts (confusion[true][predicted]) and summed loss."""
+        correct = np.diag(confusion)
+        n = int(confusion.sum())
+        return cls(
+            accuracy=float(correct.sum() / n) if n else 0.0,
+            loss=loss_sum / n if n else float("nan"),
+            n=n,
+            correct=[int(c) for c in correct],
+            total=[int(t) for t in confusion.sum(axis=1)],
+            confusion=confusion.tolist(),
+            seconds=seconds,
+        )
 
     @property
     def per_class_accuracy(self) -> list[float | None]:

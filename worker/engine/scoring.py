@@ -46,6 +46,15 @@ def pooled_scores(hidden: torch.Tensor, attention_mask: torch.Tensor, labels: to
     return SIMILARITY_SCALE * F.normalize(pooled.float(), dim=-1) @ labels.T
 
 
+def word_average(verbalizer: Verbalizer) -> torch.Tensor:
+    """[num_labels, num_words]: label scores are word_logits @ this.T, the mean over each label's words as
+    one matmul."""
+    average = torch.zeros(verbalizer.num_labels, len(verbalizer.word_ids))
+    for j, label in enumerate(verbalizer.word_label):
+        average[label, j] = 1.0
+    return average / average.sum(dim=1, keepdim=True)
+
+
 @torch.no_grad()
 def phrase_embeddings(
     encoder: Any, tokenizer: Any, template: Template, verbalizer: Verbalizer, device: torch.device
