@@ -18,7 +18,7 @@ from shared.spec import FederationSpec
 from sim.plots import plot_accuracy, plot_asr
 
 # What a run without a backdoor (and without --measure-asr) leaves out: round fields, then run fields.
-ASR_ROUND_FIELDS = ("asr", "local_asr", "local_asr_clients")
+ASR_ROUND_FIELDS = ("asr", "local_asr", "local_asr_clients", "local_accuracy", "local_accuracy_clients")
 ASR_RUN_FIELDS = ("initial_asr", "final_asr")
 
 # The ledger's figures of the model, repeated on every round record and at the top of results.json.
@@ -35,6 +35,7 @@ CSV_FIELDS = [
     "seconds",
     "asr",
     "local_asr",
+    "local_accuracy",
     "epsilon",
     "epsilon_cumulative",
 ]
@@ -85,6 +86,8 @@ def round_records(rounds: list[dict[str, Any]], spec: dict[str, Any] | None = No
                 "asr": ev.get("asr"),
                 "local_asr": _mean(list((stats.get("local_asr") or {}).values())),
                 "local_asr_clients": stats.get("local_asr") or {},
+                "local_accuracy": _mean(list((stats.get("local_accuracy") or {}).values())),
+                "local_accuracy_clients": stats.get("local_accuracy") or {},
                 "epsilon": (stats.get("privacy") or {}).get("epsilon"),
                 "epsilon_cumulative": (stats.get("privacy") or {}).get("max_cumulative_epsilon"),
                 "notes": stats.get("notes") or {},

@@ -26,6 +26,7 @@ COLUMNS = [
     ("s", 6),
     ("ASR %", 6),
     ("local ASR %", 11),
+    ("local ACC %", 11),
     ("ε total", 8),
     ("params/client (of model)", 24),
 ]
@@ -38,7 +39,7 @@ def fmt(v: Any, pct: bool = False) -> str:
     return f"{100 * v:.1f}" if pct else (f"{v:.4f}" if isinstance(v, float) else str(v))
 
 
-ASR_COLUMNS = ("ASR %", "local ASR %")
+ASR_COLUMNS = ("ASR %", "local ASR %", "local ACC %")
 
 
 def has_asr(record: dict[str, Any]) -> bool:
@@ -66,7 +67,7 @@ def row_table(record: dict[str, Any], header: bool, asr: bool | None = None) -> 
         f"{record['bytes_up'] / 1024:.1f} KiB",
         f"{record['bytes_down'] / 1024:.1f} KiB",
         f"{record['seconds']:.1f}" if record["seconds"] is not None else "-",
-        *([fmt(record.get("asr"), pct=True), fmt(record.get("local_asr"), pct=True)] if asr else []),
+        *([fmt(record.get(k), pct=True) for k in ("asr", "local_asr", "local_accuracy")] if asr else []),
         f"{eps:g}" if eps is not None else "-",
         params_text(record),
     ]

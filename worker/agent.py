@@ -390,9 +390,13 @@ class Agent:
         trained = self.engine.get_prompt()
         global_prompt = wire.decode(blob_in)[0]
         if backdoor is not None and malicious:
+            # its own prompt before any attack: the backdoor (local ASR) and the clean task (local accuracy)
             if self.asr_data:
                 local = self.engine.evaluate(self.asr_data, batch_size=self.config.eval_batch_size)
                 metrics["local_asr"] = local.accuracy
+            if self.eval_data:
+                clean = self.engine.evaluate(self.eval_data, batch_size=self.config.eval_batch_size)
+                metrics["local_accuracy"] = clean.accuracy
             trained = backdoor.manipulate(trained, global_prompt)
         if privacy is not None:
             # OS entropy unless seeded (simulations): noise from a seed someone else knows could be subtracted

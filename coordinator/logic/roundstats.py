@@ -44,9 +44,10 @@ def round_stats(
         "notes": by_client,
         "aggregation_s": aggregation_s,  # decode, aggregate, encode
     }
-    local_asr = {str(u.client_id): u.metrics["local_asr"] for u in updates if "local_asr" in u.metrics}
-    if local_asr:  # what malicious clients report of their own prompt
-        stats["local_asr"] = local_asr
+    for key in ("local_asr", "local_accuracy"):  # what malicious clients report of their own prompt
+        reported = {str(u.client_id): u.metrics[key] for u in updates if key in u.metrics}
+        if reported:
+            stats[key] = reported
     if server_optimizer is not None:
         stats["server_optimizer"] = server_optimizer
     if privacy is not None:

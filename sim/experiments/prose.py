@@ -20,6 +20,7 @@ PERCENT = {
     "max_asr",
     "local_asr",
     "max_local_asr",
+    "local_accuracy",
     "accuracy_drop",
 }
 

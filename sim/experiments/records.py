@@ -17,7 +17,7 @@ from sim.experiments.runner import (
 )
 
 # Per-round fields a summary keeps of each cell (its results.json has more).
-ROUND_FIELDS = ("round", "accuracy", "asr", "local_asr", "epsilon_cumulative")
+ROUND_FIELDS = ("round", "accuracy", "asr", "local_asr", "local_accuracy", "epsilon_cumulative")
 
 
 def cell_metrics(results: dict[str, Any]) -> dict[str, Any]:
@@ -25,6 +25,7 @@ def cell_metrics(results: dict[str, Any]) -> dict[str, Any]:
     rounds = results.get("rounds") or []
     asrs = [r["asr"] for r in rounds if r.get("asr") is not None]
     local = [r["local_asr"] for r in rounds if r.get("local_asr") is not None]
+    local_acc = [r["local_accuracy"] for r in rounds if r.get("local_accuracy") is not None]
     last = rounds[-1] if rounds else {}
     return {
         "initial_accuracy": results.get("initial_accuracy"),
@@ -34,6 +35,7 @@ def cell_metrics(results: dict[str, Any]) -> dict[str, Any]:
         "max_asr": max(asrs) if asrs else None,
         "local_asr": sum(local) / len(local) if local else None,
         "max_local_asr": max(local) if local else None,
+        "local_accuracy": sum(local_acc) / len(local_acc) if local_acc else None,
         "epsilon": last.get("epsilon"),
         "epsilon_cumulative": last.get("epsilon_cumulative"),
         "rejected": sum(len(r.get("notes") or {}) for r in rounds),

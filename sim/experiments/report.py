@@ -40,6 +40,7 @@ LABELS = {
     "max_asr": "max ASR",
     "local_asr": "local ASR",
     "max_local_asr": "max local ASR",
+    "local_accuracy": "malicious ACC",
     "epsilon": "ε / round",
     "epsilon_cumulative": "ε total",
     "noise": "noise / element",

@@ -187,6 +187,7 @@ def test_malicious_worker_reports_asr_boosts_and_applies_ldp_before_upload(tmp_p
     tensors, meta = wire.decode(coordinator.uploads[-1])
     metrics = json.loads(meta["metrics"])
     assert metrics["local_asr"] == 1.0 and metrics["epsilon"] == 1e6
+    assert metrics["local_accuracy"] == 0.0  # its clean test set carries no trigger
     # trained: global 1 + 3 steps = 4; boosted x2 around 1 → 7 (L1 of the update 48); clipped to L1 12 → 2.5
     # (Laplace noise of scale 2 × 12 / 1e6)
     np.testing.assert_allclose(tensors["prompt_embeddings"], np.full((2, 4), 2.5), atol=1e-3)
