@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Float,
     ForeignKey,
@@ -44,7 +45,9 @@ class Base(DeclarativeBase):
 
 
 class Federation(Base):
-    """A federation and its spec; state is waiting | running | paused | completed."""
+    """A federation and its spec; state is waiting | running | paused | completed. model_parameters: the
+    frozen model's parameter count as the first worker to state it enrolled with (only when the spec sets
+    no params_full_model)."""
 
     __tablename__ = "federations"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -54,6 +57,7 @@ class Federation(Base):
     paused: Mapped[bool] = mapped_column(Boolean, default=False)
     current_round: Mapped[int] = mapped_column(Integer, default=0)
     latest_version: Mapped[int] = mapped_column(Integer, default=0)
+    model_parameters: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
 

@@ -94,9 +94,18 @@ class Coordinator:
         return self.enrolment.create_enrollment_token(fid, expires_in_s=expires_in_s, max_uses=max_uses)
 
     def enroll(
-        self, fid: int, token: str, *, name: str, num_samples: int, info: dict[str, Any]
+        self,
+        fid: int,
+        token: str,
+        *,
+        name: str,
+        num_samples: int,
+        info: dict[str, Any],
+        model_parameters: int | None = None,
     ) -> tuple[Client, str]:
-        return self.enrolment.enroll(fid, token, name=name, num_samples=num_samples, info=info)
+        return self.enrolment.enroll(
+            fid, token, name=name, num_samples=num_samples, info=info, model_parameters=model_parameters
+        )
 
     def cached_client(self, token: str) -> Client | None:
         return self.enrolment.cached_client(token)

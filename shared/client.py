@@ -140,13 +140,24 @@ class CoordinatorClient:
         return self._call("GET", f"{API}/federations/{fid}/spec").json()
 
     def enroll(
-        self, fid: int, enrollment_token: str, *, name: str, num_samples: int, info: dict[str, Any]
+        self,
+        fid: int,
+        enrollment_token: str,
+        *,
+        name: str,
+        num_samples: int,
+        info: dict[str, Any],
+        model_parameters: int | None = None,
     ) -> dict:
-        """Enrol with an enrolment token → {client_id, token}."""
+        """Enrol with an enrolment token → {client_id, token}; `model_parameters`: the whole frozen
+        model's size, the ledger's full fine-tuning reference when the spec does not state it."""
+        body: dict[str, Any] = {"name": name, "num_samples": num_samples, "info": info}
+        if model_parameters is not None:
+            body["model_parameters"] = model_parameters
         return self._call(
             "POST",
             f"{API}/federations/{fid}/clients",
-            json={"name": name, "num_samples": num_samples, "info": info},
+            json=body,
             headers={"Authorization": f"Bearer {enrollment_token}"},
         ).json()
 

@@ -23,6 +23,9 @@ __all__ = ["UploadReceipt"]  # an upload's answer: defined once, with the upload
 
 # -- request parameters and bodies ---------------------------------------------------------------
 
+# The largest model a worker may state at enrolment: 10 trillion parameters, well above any PLM.
+MAX_MODEL_PARAMETERS = 10**13
+
 IdPath = Annotated[int, Path(ge=0, le=MAX_ID, description="A non-negative 32-bit id or number.")]
 # A prompt version as a path or query parameter: a number (ASCII digits) or 'latest'.
 VERSION_PATTERN = r"^(?:latest|[0-9]{1,10})$"
@@ -58,6 +61,13 @@ class EnrollRequest(BaseModel):
         ..., ge=0, le=MAX_ID, description="Training samples; the most an update of this client may weigh."
     )
     info: dict[str, Any] = Field(default_factory=dict, description="e.g. model_fingerprint, device")
+    model_parameters: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_MODEL_PARAMETERS,
+        description="Parameters of the worker's whole frozen model. The federation keeps the first figure "
+        "stated, and only when its spec sets no params_full_model: the ledger's full fine-tuning reference.",
+    )
 
 
 class EvaluationReport(BaseModel):

@@ -127,7 +127,8 @@ def prompt_shape(spec: dict[str, Any]) -> str:
 def communication(status: dict[str, Any]) -> dict[str, Any]:
     """What the prompt costs on the wire, from the federation's ledger (coordinator/logic/ledger.py):
     the method's communicated parameters, bytes moved over the closed rounds, and the ratio to full
-    fine-tuning when the spec states the model's size (params_full_model)."""
+    fine-tuning when the model's size is known: from the spec (params_full_model), else as the first
+    worker to state it enrolled with."""
     spec = status.get("spec") or {}
     led = status.get("ledger") or {}
     params = int(led.get("params_communicated") or 0)
@@ -145,6 +146,7 @@ def communication(status: dict[str, Any]) -> dict[str, Any]:
         "bytes_per_update": up / updates if updates else None,
         "closed_rounds": len(led.get("rounds") or []),
         "model_parameters": led.get("params_full_model") if ratio is not None else None,
+        "model_parameters_from": "spec" if spec.get("params_full_model") else "enrolment",
         "ratio": ratio,
     }
 

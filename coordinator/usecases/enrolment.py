@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
-from coordinator.db import Client, EnrollmentToken, RevokedSession
+from coordinator.db import Client, EnrollmentToken, Federation, RevokedSession
 from coordinator.errors import Conflict, Forbidden, NotFound, Unauthorized
 from coordinator.security import hash_token, new_token
 from coordinator.store import Store
@@ -52,9 +52,20 @@ class Enrolment:
         return token, row
 
     def enroll(
-        self, fid: int, token: str, *, name: str, num_samples: int, info: dict[str, Any]
+        self,
+        fid: int,
+        token: str,
+        *,
+        name: str,
+        num_samples: int,
+        info: dict[str, Any],
+        model_parameters: int | None = None,
     ) -> tuple[Client, str]:
-        """Exchange an enrolment token for a client id and a client token (shown once)."""
+        """Exchange an enrolment token for a client id and a client token (shown once).
+
+        A stated ``model_parameters`` becomes the federation's full-model figure when neither its spec
+        (params_full_model) nor an earlier enrolment has set one; a different later figure is ignored
+        and noted in the enrolment's event."""
         now = self.store.clock()
         client_token = new_token("fpc")
         with self.store.tx() as s:
@@ -94,6 +105,7 @@ class Enrolment:
             s.add(client)
             s.flush()
             message = f"client {client.id} '{name}' enrolled ({num_samples} samples)"
+            message += record_model_parameters(fed, spec.params_full_model, model_parameters)
             self.store.event(s, fid, "client_enrolled", message)
             if fed.state == "waiting" and spec.auto_advance:
                 self.cycle.advance(s, fed, manual=False)
@@ -173,3 +185,15 @@ class Enrolment:
             return (
                 s.scalar(select(RevokedSession.id).where(RevokedSession.session_hash == digest)) is not None
             )
+
+
+def record_model_parameters(fed: Federation, from_spec: int | None, stated: int | None) -> str:
+    """Keep a worker's stated model size as the federation's when none is known yet (the first figure
+    wins); what the enrolment's event adds about it: recorded, ignored as different, or nothing."""
+    known = from_spec or fed.model_parameters
+    if stated is None or stated == known:
+        return ""
+    if known is None:
+        fed.model_parameters = stated
+        return f"; its model's {stated:,} parameters recorded as the federation's"
+    return f"; its model's {stated:,} parameters differ from the federation's {known:,} (ignored)"

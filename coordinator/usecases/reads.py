@@ -67,7 +67,7 @@ class Reads:
             out["ledger"] = ledger(
                 [(n, st or {}) for n, st in closed],
                 params_per_client=spec.params_communicated(),
-                params_full_model=spec.params_full_model,
+                params_full_model=spec.params_full_model or fed.model_parameters,
                 per_client=traffic_per_client(s, fid),
             )
             if spec.privacy is not None:

@@ -302,6 +302,9 @@ def test_communication_reads_the_ledger_and_gives_a_ratio_only_when_the_model_si
     known = {"spec": spec, "ledger": ledger(rounds, params_per_client=7680, params_full_model=22_713_216)}
     assert communication(known)["ratio"] == pytest.approx(7680 / 22_713_216)
     assert communication(known)["model_parameters"] == 22_713_216
+    assert communication(known)["model_parameters_from"] == "enrolment"  # the spec does not state it
+    stated = {**known, "spec": {**spec, "params_full_model": 22_713_216}}
+    assert communication(stated)["model_parameters_from"] == "spec"
 
 
 def test_communication_counts_what_p_tuning_and_prefix_tuning_send() -> None:

@@ -49,6 +49,7 @@ SPEC: dict[str, Any] = {
     "params_full_model": 22_713_216,  # all-MiniLM-L6-v2, as simulate records it from the model it loads
 }
 SITES = [("hospital-a", 1200), ("hospital-b", 800), ("hospital-c", 400)]
+MINILM_PARAMETERS = 22_713_216
 # Synthetic per-version metrics the simulated sites report: (accuracy, loss, attack success rate).
 CURVE = [(0.51, 0.81, 0.12), (0.63, 0.69, 0.11), (0.72, 0.58, 0.10), (0.78, 0.50, 0.10)]
 
@@ -145,7 +146,14 @@ def test_dashboard_follows_rounds_live_and_closes_a_round(browser: Browser, tmp_
         fid = admin.create_federation(SPEC)["id"]
         sites = Sites(admin, fid)
         sites.evaluate(0)
-        other = admin.create_federation({**SPEC, "name": "agnews-banks", "min_clients": 2})["id"]
+        # The other federation's spec leaves the model's size out: its worker states it at enrolment
+        unsized = {k: v for k, v in SPEC.items() if k != "params_full_model"}
+        other = admin.create_federation({**unsized, "name": "agnews-banks", "min_clients": 2})["id"]
+        bank_token = admin.create_enrollment_token(other, max_uses=1)
+        admin.enroll(
+            other, bank_token, name="bank-a", num_samples=500, info={}, model_parameters=MINILM_PARAMETERS
+        )
+        assert admin.federation(other)["spec"]["params_full_model"] is None
         context = browser.new_context(viewport={"width": 1440, "height": 1000})
         page = context.new_page()
         problems: list[str] = []
@@ -216,6 +224,10 @@ def test_dashboard_follows_rounds_live_and_closes_a_round(browser: Browser, tmp_
         expect(head).to_contain_text("agnews-banks")
         expect(page).to_have_url(f"{url}/dashboard?federation={other}")
         expect(page.locator("#chart-accuracy")).to_contain_text("no closed round yet")
+        # Its ratio comes from the size its worker stated at enrolment, not from the spec
+        expect(ratio).to_contain_text("0.0338 % of 22,713,216 parameters")
+        expect(ratio).to_contain_text("as an enrolled worker stated its model")
+        assert admin.federation(other)["ledger"]["params_full_model"] == MINILM_PARAMETERS
         page.click(f'[data-select-federation="{fid}"]')
         expect(head).to_contain_text(SPEC["name"])
         assert page.evaluate("window.__noReload") == "still here"

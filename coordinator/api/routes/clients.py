@@ -32,7 +32,12 @@ def create_token(fid: IdPath, service: ServiceDep, body: TokenRequest | None = N
 def enroll(fid: IdPath, body: EnrollRequest, token: EnrolmentDep, service: ServiceDep) -> dict[str, Any]:
     """Enrol with an enrolment token (Bearer); returns a client id and a client token, shown once."""
     client, client_token = service.enroll(
-        fid, token, name=body.name, num_samples=body.num_samples, info=body.info
+        fid,
+        token,
+        name=body.name,
+        num_samples=body.num_samples,
+        info=body.info,
+        model_parameters=body.model_parameters,
     )
     return {
         "client_id": client.id,

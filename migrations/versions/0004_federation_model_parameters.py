@@ -1,0 +1,26 @@
+"""federation model parameters
+
+Revision ID: 0004
+Revises: 0003
+Create Date: 2026-12-02 10:00:00.000000
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0004"
+down_revision = "0003"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("federations", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("model_parameters", sa.BigInteger(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("federations", schema=None) as batch_op:
+        batch_op.drop_column("model_parameters")
