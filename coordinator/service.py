@@ -107,6 +107,9 @@ class Coordinator:
             fid, token, name=name, num_samples=num_samples, info=info, model_parameters=model_parameters
         )
 
+    def state_model_parameters(self, client: Client, stated: int) -> int | None:
+        return self.enrolment.state_model_parameters(client, stated)
+
     def cached_client(self, token: str) -> Client | None:
         return self.enrolment.cached_client(token)
 

@@ -161,6 +161,13 @@ class CoordinatorClient:
             headers={"Authorization": f"Bearer {enrollment_token}"},
         ).json()
 
+    def state_model_parameters(self, fid: int, model_parameters: int) -> int | None:
+        """State the loaded model's parameter count (client token) → the federation's figure."""
+        resp = self._call(
+            "PUT", f"{API}/federations/{fid}/model-parameters", json={"model_parameters": model_parameters}
+        )
+        return resp.json()["model_parameters"]
+
     def task(self, fid: int, *, wait: float = 0.0) -> dict[str, Any] | None:
         """The next task, or None (204) after long-polling `wait` seconds."""
         resp = self._call(

@@ -230,6 +230,7 @@ class Agent:
         self.engine = self.engine_factory(self.spec, cfg.device)
         self.status.device = str(getattr(self.engine, "device", "cpu"))
         self._check_model()
+        self._state_model_parameters()
         self.status.state = "idle"
 
     def _check_model(self) -> None:
@@ -254,6 +255,21 @@ class Agent:
                 f"the local model is a {family} model, the federation reads label words as a {spec.family}; "
                 f"load '{spec.model}'"
             )
+
+    def _state_model_parameters(self) -> None:
+        """Tell the coordinator the loaded model's parameter count when the spec does not state it: the
+        ledger's full fine-tuning reference. Enrolment came before the model was known; the figure is
+        only informational, so a failure is logged and the worker goes on."""
+        spec, count = self.spec, getattr(self.engine, "model_parameters", None)
+        if spec is None or spec.params_full_model is not None or not callable(count) or self.client is None:
+            return
+        try:
+            stated = int(count())
+            recorded = self.client.state_model_parameters(self.config.federation_id, stated)
+        except (ApiError, httpx.HTTPError, ValueError, RuntimeError) as exc:
+            log.warning("could not state the model's parameter count: %s", exc)
+            return
+        log.info("stated the model's %s parameters; the federation's figure is %s", stated, recorded)
 
     # -- tasks --------------------------------------------------------------------------------
 

@@ -70,6 +70,18 @@ class EnrollRequest(BaseModel):
     )
 
 
+class ModelParametersStatement(BaseModel):
+    """A worker's statement of its frozen model's size, made once it has loaded the model the spec names."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model_parameters: int = Field(
+        ...,
+        ge=1,
+        le=MAX_MODEL_PARAMETERS,
+        description="Parameters of the worker's whole frozen model, as at enrolment.",
+    )
+
+
 class EvaluationReport(BaseModel):
     """A client's metrics of a global prompt version on its local held-out data."""
 
@@ -165,6 +177,13 @@ class Event(_Open):
     round: int | None
     message: str
     at: float
+
+
+class ModelParameters(_Open):
+    model_parameters: int | None = Field(
+        ...,
+        description="The federation's full-model figure: the spec's params_full_model, else the first stated.",
+    )
 
 
 class EnrolmentToken(_Open):

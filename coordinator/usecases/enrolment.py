@@ -105,11 +105,29 @@ class Enrolment:
             s.add(client)
             s.flush()
             message = f"client {client.id} '{name}' enrolled ({num_samples} samples)"
-            message += record_model_parameters(fed, spec.params_full_model, model_parameters)
+            note = record_model_parameters(fed, spec.params_full_model, model_parameters)
+            message += f"; {note}" if note else ""
             self.store.event(s, fid, "client_enrolled", message)
             if fed.state == "waiting" and spec.auto_advance:
                 self.cycle.advance(s, fed, manual=False)
         return client, client_token
+
+    def state_model_parameters(self, client: Client, stated: int) -> int | None:
+        """A worker's model size stated once it has loaded the model: kept as at enrolment (first figure
+        wins, the spec's figure first of all); the federation's figure. Writes only while none is known."""
+        fid = client.federation_id
+        with self.store.sessions() as s:
+            fed = self.store.federation(s, fid)
+            known = self.store.spec_of(fed).params_full_model or fed.model_parameters
+        if known is not None:
+            return known
+        with self.store.tx() as s:
+            fed = self.store.lock_federation(s, fid)
+            spec = self.store.spec_of(fed)
+            note = record_model_parameters(fed, spec.params_full_model, stated)
+            if note:
+                self.store.event(s, fid, "model_parameters", f"client {client.id} '{client.name}': {note}")
+            return spec.params_full_model or fed.model_parameters
 
     def cached_client(self, token: str) -> Client | None:
         """The client of a token checked within the last auth_cache_s seconds, if any (no I/O)."""
@@ -195,5 +213,5 @@ def record_model_parameters(fed: Federation, from_spec: int | None, stated: int 
         return ""
     if known is None:
         fed.model_parameters = stated
-        return f"; its model's {stated:,} parameters recorded as the federation's"
-    return f"; its model's {stated:,} parameters differ from the federation's {known:,} (ignored)"
+        return f"its model's {stated:,} parameters recorded as the federation's"
+    return f"its model's {stated:,} parameters differ from the federation's {known:,} (ignored)"

@@ -34,6 +34,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/federations/{fid}/enrollment-tokens"): ADMIN_ONLY,
     ("POST", "/api/v1/federations/{fid}/clients"): ENROL,
     ("GET", "/api/v1/federations/{fid}/clients"): ADMIN_ONLY,
+    ("PUT", "/api/v1/federations/{fid}/model-parameters"): CLIENT,
     ("DELETE", "/api/v1/federations/{fid}/clients/{cid}"): ADMIN_ONLY,
     ("POST", "/api/v1/federations/{fid}/rounds"): ADMIN_ONLY,
     ("GET", "/api/v1/federations/{fid}/rounds"): ADMIN_ONLY,
@@ -103,6 +104,8 @@ def test_route_answers_each_token_as_designed(
         kwargs["json"] = SMALL_SPEC
     elif method == "POST" and template.endswith("/clients"):
         kwargs["json"] = {"name": "intruder", "num_samples": 1}
+    elif template.endswith("/model-parameters"):
+        kwargs["json"] = {"model_parameters": 1}
     before = snapshot(api)
     resp = api.request(method, path, headers=headers, **kwargs)
     expected = EXPECTED[ROUTES[route]][who]

@@ -1,6 +1,6 @@
-"""The model size a worker states at enrolment: the ledger's full fine-tuning reference when the spec
-sets none, the first figure kept; absent, it changes nothing; hostile, a 422 that leaves the database
-as it was."""
+"""The model size a worker states, at enrolment or once it has loaded the model: the ledger's full
+fine-tuning reference when the spec sets none, the first figure kept; absent, it changes nothing;
+hostile, a 422 that leaves the database as it was."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from tests.helpers import ADMIN_AUTH, SMALL_SPEC, federation_with_clients
 
 MINILM = 22_713_216
 PROMPT = SMALL_SPEC["num_virtual_tokens"] * SMALL_SPEC["hidden_size"]
+HOSTILE = [0, -1, 10**13 + 1, 2**63, 2**64, 1.5, str(MINILM), True, None, [MINILM], {"n": MINILM}]
 
 
 def enrol(api: TestClient, fid: int, token: str, name: str, **body: Any) -> httpx.Response:
@@ -24,6 +25,12 @@ def enrol(api: TestClient, fid: int, token: str, name: str, **body: Any) -> http
         f"/api/v1/federations/{fid}/clients",
         json={"name": name, "num_samples": 5, **body},
         headers={"Authorization": f"Bearer {token}"},
+    )
+
+
+def state(api: TestClient, fid: int, token: str, body: dict[str, Any]) -> httpx.Response:
+    return api.put(
+        f"/api/v1/federations/{fid}/model-parameters", json=body, headers={"Authorization": f"Bearer {token}"}
     )
 
 
@@ -71,11 +78,7 @@ def test_the_largest_allowed_model_size_is_accepted(api: TestClient) -> None:
     assert recorded(api, fid) == 10**13
 
 
-@pytest.mark.parametrize(
-    "value",
-    [0, -1, 10**13 + 1, 2**63, 2**64, 1.5, str(MINILM), True, [MINILM], {"n": MINILM}],
-    ids=repr,
-)
+@pytest.mark.parametrize("value", [v for v in HOSTILE if v is not None], ids=repr)
 def test_a_hostile_model_size_is_422_and_changes_nothing(api: TestClient, value: Any) -> None:
     fid, token, _ = federation_with_clients(api, 0)
     before = snapshot(api)
@@ -95,4 +98,38 @@ def test_a_model_size_that_is_no_json_integer_is_refused(api: TestClient, raw: s
     )
     assert resp.status_code in (400, 422), resp.text
     assert resp.headers["content-type"].startswith("application/problem+json")
+    assert snapshot(api) == before
+
+
+def test_a_worker_states_its_models_size_once_it_has_loaded_it(api: TestClient) -> None:
+    fid, _, clients = federation_with_clients(api, 2, spec={**SMALL_SPEC, "auto_advance": False})
+    first, second = (c["token"] for c in clients)
+    answer = state(api, fid, first, {"model_parameters": MINILM})
+    assert answer.status_code == 200 and answer.json() == {"model_parameters": MINILM}
+    before = snapshot(api)
+    assert state(api, fid, second, {"model_parameters": 1_000}).json() == {"model_parameters": MINILM}
+    assert snapshot(api) == before  # known: the later figure is ignored without a write
+    assert ledger(api, fid)["params_full_model"] == MINILM == recorded(api, fid)
+    events = [e["message"] for e in api.get(f"/api/v1/federations/{fid}/events", headers=ADMIN_AUTH).json()]
+    assert "client 1 'site-0': its model's 22,713,216 parameters recorded as the federation's" in events
+
+
+def test_a_stated_size_never_overrides_the_specs(api: TestClient) -> None:
+    fid, _, clients = federation_with_clients(api, 1, spec={**SMALL_SPEC, "params_full_model": 10_000})
+    before = snapshot(api)
+    assert state(api, fid, clients[0]["token"], {"model_parameters": MINILM}).json() == {
+        "model_parameters": 10_000
+    }
+    assert snapshot(api) == before and recorded(api, fid) is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"model_parameters": v} for v in HOSTILE] + [{}, {"model_parameters": MINILM, "client_id": 2}],
+    ids=repr,
+)
+def test_a_hostile_statement_is_422_and_changes_nothing(api: TestClient, body: dict[str, Any]) -> None:
+    fid, _, clients = federation_with_clients(api, 1)
+    before = snapshot(api)
+    is_problem(state(api, fid, clients[0]["token"], body), 422)
     assert snapshot(api) == before

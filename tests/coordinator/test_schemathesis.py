@@ -234,6 +234,7 @@ def _linked(openapi: dict[str, Any]) -> dict[str, Any]:
     }
     link(enrolled, ("/api/v1/federations/{fid}/task", "get"), as_client)
     link(enrolled, ("/api/v1/federations/{fid}/spec", "get"), as_client)
+    link(enrolled, ("/api/v1/federations/{fid}/model-parameters", "put"), as_client)
     link(
         enrolled,
         ("/api/v1/federations/{fid}/rounds/{number}/update", "put"),

@@ -94,6 +94,8 @@ def test_two_pool_processes_serve_six_clients(tmp_path: Path) -> None:
                 for client in status["clients"]:
                     assert client["client_id"] == enrolled[client["name"]]
                     assert client["rounds_trained"] == [1, 2]
+            # The spec leaves the model's size out: the workers stated it once they had loaded MiniLM
+            assert admin.federation(fid)["ledger"]["params_full_model"] == 22_713_216
         finally:
             stop_all(procs)
     clients, per_client = _per_client_updates(db)

@@ -112,7 +112,12 @@ class FakeCoordinator:
         return httpx.Response(404, json={"detail": f"unexpected {method} {path}"})
 
 
-def _agent(tmp_path: Path, coordinator: FakeCoordinator, token: str | None = "fpe_x") -> Agent:
+def _agent(
+    tmp_path: Path,
+    coordinator: FakeCoordinator,
+    token: str | None = "fpe_x",
+    engine: type[FakeEngine] | None = None,
+) -> Agent:
     examples = [Example(text=f"t{i}", label=i % 2) for i in range(4)]
     config = AgentConfig(
         coordinator="http://coordinator",
@@ -126,7 +131,7 @@ def _agent(tmp_path: Path, coordinator: FakeCoordinator, token: str | None = "fp
         examples,
         examples,
         transport=httpx.MockTransport(coordinator),
-        engine_factory=lambda s, d: FakeEngine(),
+        engine_factory=lambda s, d: (engine or FakeEngine)(),
     )
 
 
@@ -201,3 +206,44 @@ def test_a_version_evaluated_is_not_downloaded_again_to_train(tmp_path: Path) ->
     _run_until_done(agent)
     assert agent.status.versions_evaluated == [0] and agent.status.rounds_trained == [1]
     assert sum("/prompts/" in c for c in coordinator.calls) == 1
+
+
+class SizedEngine(FakeEngine):
+    """A fake engine that knows its model's size, as PromptEngine does."""
+
+    def model_parameters(self) -> int:
+        return 22_713_216
+
+
+class TakesModelSize(FakeCoordinator):
+    """Serves `spec` and keeps the model sizes stated to it (the first is the federation's figure)."""
+
+    def __init__(self, spec: FederationSpec) -> None:
+        super().__init__(fail_uploads=0)
+        self.spec = spec
+        self.stated: list[int] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/model-parameters") and request.method == "PUT":
+            self.stated.append(json.loads(request.content)["model_parameters"])
+            return httpx.Response(200, json={"model_parameters": self.stated[0]})
+        if request.url.path.endswith("/spec"):
+            return httpx.Response(200, json=self.spec.model_dump(mode="json"))
+        return super().__call__(request)
+
+
+def test_the_loaded_models_size_is_stated_only_when_the_spec_does_not_state_it(tmp_path: Path) -> None:
+    unsized = TakesModelSize(SPEC)
+    _run_until_done(_agent(tmp_path / "unsized", unsized, engine=SizedEngine))
+    assert unsized.stated == [22_713_216] and len(unsized.uploads) == 1
+    sized = TakesModelSize(SPEC.model_copy(update={"params_full_model": 10_000}))
+    _run_until_done(_agent(tmp_path / "sized", sized, engine=SizedEngine))
+    assert sized.stated == [] and len(sized.uploads) == 1
+
+
+def test_a_coordinator_that_refuses_the_model_size_does_not_stop_the_worker(tmp_path: Path) -> None:
+    older = FakeCoordinator(fail_uploads=0)  # answers 404 to the statement, as one without the route
+    agent = _agent(tmp_path, older, engine=SizedEngine)
+    _run_until_done(agent)
+    assert any(c == "PUT /api/v1/federations/1/model-parameters" for c in older.calls)
+    assert len(older.uploads) == 1 and agent.status.rounds_trained == [1]

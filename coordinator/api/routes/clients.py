@@ -6,11 +6,20 @@ from typing import Any
 
 from fastapi import APIRouter, Response
 
-from coordinator.api.deps import AdminDep, EnrolmentDep, ServiceDep
+from coordinator.api.deps import AdminDep, ClientDep, EnrolmentDep, ServiceDep
 from coordinator.api.jsonbody import BoundedJSONRoute
 from coordinator.api.paths import FEDERATION
 from coordinator.api.problems import API_ERRORS, problem_responses
-from coordinator.api.schemas import ClientInfo, Enrolled, EnrollRequest, EnrolmentToken, IdPath, TokenRequest
+from coordinator.api.schemas import (
+    ClientInfo,
+    Enrolled,
+    EnrollRequest,
+    EnrolmentToken,
+    IdPath,
+    ModelParameters,
+    ModelParametersStatement,
+    TokenRequest,
+)
 
 router = APIRouter(prefix=FEDERATION, tags=["clients"], responses=API_ERRORS, route_class=BoundedJSONRoute)
 
@@ -45,6 +54,16 @@ def enroll(fid: IdPath, body: EnrollRequest, token: EnrolmentDep, service: Servi
         "federation_id": fid,
         "spec": service.federation_spec(fid),
     }
+
+
+@router.put("/model-parameters", response_model=ModelParameters)
+def state_model_parameters(
+    fid: IdPath, body: ModelParametersStatement, client: ClientDep, service: ServiceDep
+) -> dict[str, Any]:
+    """State the loaded model's parameter count, as at enrolment (a worker learns its model from the spec
+    after enrolling); the answer is the federation's figure, which the first statement sets."""
+    del fid  # the client's federation: require_client checked it
+    return {"model_parameters": service.state_model_parameters(client, body.model_parameters)}
 
 
 @router.get("/clients", dependencies=[AdminDep], response_model=list[ClientInfo])
