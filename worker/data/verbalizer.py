@@ -74,7 +74,7 @@ def load_tokenizer(model: str) -> Any:
     """The tokenizer of a hub id or local path ('all-MiniLM-L6-v2' is the offline default)."""
     from transformers import AutoTokenizer
 
-    from worker.engine.model import resolve_model
+    from worker.engine.offline import resolve_model
 
     try:
         return AutoTokenizer.from_pretrained(resolve_model(model))

@@ -1,14 +1,8 @@
 """The worker's model side: a frozen PLM plus a trainable soft prompt (pure torch + transformers, no HTTP)."""
 
 from worker.engine.engine import PromptEngine
-from worker.engine.model import (
-    MINILM_ALIASES,
-    ModelError,
-    describe_model,
-    model_fingerprint,
-    pick_device,
-    resolve_model,
-)
+from worker.engine.model import ModelError, describe_model, model_fingerprint, pick_device
+from worker.engine.offline import MINILM_ALIASES, SMOLLM2_ALIASES, OfflineModelError, resolve_model
 from worker.engine.prompt_io import PromptError
 from worker.engine.results import EvalResult, TrainResult
 from worker.engine.template import Template, TemplateError, Verbalizer
@@ -17,7 +11,9 @@ __all__ = [
     "MINILM_ALIASES",
     "EvalResult",
     "ModelError",
+    "OfflineModelError",
     "PromptEngine",
+    "SMOLLM2_ALIASES",
     "PromptError",
     "Template",
     "TemplateError",

@@ -14,9 +14,9 @@ from worker.engine.model import (
     encoder_only,
     language_model,
     load_backbone,
-    resolve_model,
     split_masked_lm,
 )
+from worker.engine.offline import resolve_model
 
 HeadChoice = Literal["auto", "mlm", "tied-embeddings"]
 # RoBERTa-style models number positions from padding_idx + 1.

