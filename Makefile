@@ -49,8 +49,9 @@ browser:
 test: lint browser
 	$(BIN)/pytest -q
 
-# Benchmarks (bench/, results in bench/results/*.json, tables in BENCHMARKS.md). BENCH_INGEST=--quick
-# keeps the coordinator ingest grid to K <= 1,000 and 20x384 (about 30 min instead of over an hour on 2 cores).
+# Benchmarks (bench/, results in bench/results/*.json, tables in BENCHMARKS.md), each floor in repeats
+# interleaved with its baseline. BENCH_INGEST=--quick keeps the coordinator ingest grid to K <= 1,000 and
+# 20x384. Ends with the table of every floor (figure, baseline, ratio, spread, met or not).
 BENCH_INGEST ?=
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[bench]'
@@ -60,6 +61,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.ingest $(BENCH_INGEST)
 	$(BIN)/python -m bench.e2e
 	$(BIN)/python -m bench.report
+	$(BIN)/python -m bench.floors
 
 format: $(STAMP)
 	$(BIN)/ruff format .

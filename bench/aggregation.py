@@ -3,8 +3,10 @@
     python -m bench.aggregation [--ks 10,100,1000,10000] [--repeats 3]
 
 The baseline is ``numpy.average(stacked, axis=0, weights=w)`` over the same K updates already stacked
-in one (K, 20, 384) float32 array: the lower bound of a weighted mean. Timings are the best of
-``--repeats`` runs, rule and baseline interleaved so that a burst of load from other jobs hits both.
+in one (K, 20, 384) float32 array: the reference a weighted mean is held to (not a lower bound: numpy
+first builds a K-row float64 product, which a streaming sum avoids). Timings are the best of
+``--repeats`` runs, rule and baseline interleaved so that a burst of load from other jobs hits both;
+each pair's ratio (rule ÷ numpy of the same pair) is kept as ``repeat_ratios``.
 Peak memory is what tracemalloc sees numpy allocate during the call (the inputs are not counted).
 The "service" rows time the coordinator's own aggregation of a round (blobs from the database
 → prompt version), which is what a federation pays.
@@ -94,13 +96,14 @@ def bench_k(k: int, rules: list[str], repeats: int) -> dict[str, Any]:
 
         # the floor is on FedAvg at K = 10,000: it always gets every repeat; slow robust rules get one there
         reps = repeats if (need < 2**30 and k <= 1000) or rule == "fedavg" else 1
-        times = []
+        times, pairs = [], []
         for _ in range(reps):
             base_times.append(_timed(baseline))
             times.append(_timed(run))
+            pairs.append(times[-1] / base_times[-1])
         if rule == "fedavg":  # the result is the weighted mean numpy computes
             np.testing.assert_allclose(run().tensors["prompt_embeddings"], baseline(), rtol=1e-5, atol=1e-6)
-        rows[rule] = {"seconds": min(times), "peak_mib": _peak(run) / 2**20}
+        rows[rule] = {"seconds": min(times), "peak_mib": _peak(run) / 2**20, "repeat_ratios": pairs}
     base_s = min(base_times) if base_times else _timed(baseline)
     base_mib = _peak(baseline) / 2**20
     for row in rows.values():

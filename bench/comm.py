@@ -11,7 +11,8 @@ headers = wire − bodies.
 
 Baselines in the same run: the raw tensor bytes of the communicated prompt (float32), and a full
 fine-tuning round of the same model (its whole state dict as safetensors down and up, same headers).
-Every prompt method and model size in ``shared.spec.FederationSpec`` is measured.
+Every prompt method and model size in ``shared.spec.FederationSpec`` is measured, ``--repeats``
+times (each in a federation of its own); the table shows the first, the file keeps every repeat's ratio.
 """
 
 from __future__ import annotations
@@ -249,6 +250,9 @@ def main(argv: list[str] | None = None) -> None:
     """Measure every method × model size and write bench/results/comm.json."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="MiniLM only, no full state dict load")
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="rounds measured per method (each a new federation)"
+    )
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args(argv)
     from tests.helpers import coordinator_process  # the same real-process launcher the e2e tests use
@@ -261,8 +265,11 @@ def main(argv: list[str] | None = None) -> None:
             for label, hidden, layers, heads in models:
                 full = None if args.quick else full_state_dict_bytes(label, hidden, layers, heads)
                 for method in methods():
-                    row = measure_round(url, method, hidden, layers, heads)
+                    runs = [measure_round(url, method, hidden, layers, heads) for _ in range(args.repeats)]
+                    row = runs[0]
                     row["model"] = label
+                    row["repeat_ratios"] = [r["ratio_to_raw_plus_headers"] for r in runs]
+                    row["repeat_wire_totals"] = [r["wire_total"] for r in runs]
                     if full is not None:
                         # a full fine-tuning round moves the state dict down and up, with the same headers
                         full_round = 2 * full["bytes"] + row["header_bytes"]

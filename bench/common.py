@@ -100,3 +100,17 @@ def write_result(name: str, payload: dict[str, Any], *, out_dir: Path | None = N
     }
     out.write_text(json.dumps(doc, indent=2, default=float) + "\n")
     return out
+
+
+def spread(values: Sequence[float | None]) -> dict[str, Any]:
+    """Min, median and max of the values that are present (None where there are none), and the values."""
+    present = [float(v) for v in values if v is not None]
+    if not present:
+        return {"n": 0, "min": None, "median": None, "max": None, "values": []}
+    return {
+        "n": len(present),
+        "min": min(present),
+        "median": float(np.median(present)),
+        "max": max(present),
+        "values": present,
+    }

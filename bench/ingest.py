@@ -1,34 +1,43 @@
 """Coordinator ingest: K simulated workers through full rounds, SQLite and Postgres, vs a null FastAPI app.
 
-    python -m bench.ingest [--quick] [--backends sqlite,postgres] [--grid 100x0.1,1000x1.0,...]
+    python -m bench.ingest [--quick] [--backends sqlite,postgres] [--grid 100x0.1,1000x1.0,...] [--repeats 3]
 
-For each backend and (K, C, prompt size) a fresh coordinator process (``fedprompt-coordinator serve``
-on a loopback port; SQLite file, or a database created on the local Postgres and dropped after) runs
-a federation of ``--rounds`` rounds; ``bench.loadgen`` in a separate process enrols K workers that
-long-poll, download, "train" (a random pause in [0, --train-s]) and upload, and evaluate each new
-version, as real workers do. Reported: rounds per minute, uploads per second, p50/p99 latency of
-uploads, downloads, evaluations, enrolments and of task delivery (a train task's arrival after its
-round opened, an evaluate task's after the version was made), errors, coordinator CPU seconds and
-peak RSS. The baseline, in the same run: ``bench.null_server`` (FastAPI accepting the same bytes and
-doing nothing) under the same K, pacing and rounds.
+For each (K, C, prompt size) the null app and every backend run in ``--repeats`` rounds, the order
+rotating from one repeat to the next (null, sqlite, postgres; sqlite, postgres, null; ...), so a
+burst of load from other jobs hits the baseline as often as the coordinator. Each backend run is a
+fresh coordinator process (``fedprompt-coordinator serve`` on a loopback port; SQLite file, or a
+database created on the local Postgres and dropped after) with a federation of ``--rounds`` rounds;
+``bench.loadgen`` in a separate process enrols K workers that long-poll, download, "train" (a random
+pause in [0, --train-s]) and upload, and evaluate each new version, as real workers do. The null app
+(``bench.null_server``) answers the same requests from memory and does nothing else.
 
-The full grid takes over an hour on 2 busy cores; ``--quick`` (K ∈ {100, 1,000}, 20×384 only) about 30 min.
+Every run is recorded: rounds per minute, uploads per second, p50/p99 latency of uploads, downloads,
+evaluations, enrolments and of task delivery (a train task's arrival after its round opened, an
+evaluate task's after the version was made), errors, server CPU seconds and peak RSS, the load
+generator's own limits (CPU seconds, event-loop lag, connections opened, enrolment ramp, start-up)
+and the machine's load average at the start and end. Each backend's figures are also divided by
+the null app's of the same repeat; ``summary`` holds min / median / max over the repeats of every
+figure and ratio.
+
+The full grid takes hours on 2 cores at 3 repeats; ``--quick`` (K ∈ {100, 1,000}, 20×384 only) about 1.5 h.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench.common import percentile, proc_cpu_seconds, proc_peak_rss_mib, ratio, write_result
+from bench.common import percentile, proc_cpu_seconds, proc_peak_rss_mib, ratio, spread, write_result
 from shared.client import CoordinatorClient
 from shared.local import free_port, wait_ready
 from shared.spec import FederationSpec
@@ -73,8 +82,9 @@ def _loadgen(url: str, out: Path, k: int, hidden: int, args: argparse.Namespace,
     ]
     for key, value in extra.items():
         cmd += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    launched = time.time()
     subprocess.run(cmd, check=True, timeout=args.time_limit + 120)
-    return json.loads(out.read_text())
+    return {**json.loads(out.read_text()), "launched_at": launched}
 
 
 def _timeline(
@@ -124,6 +134,43 @@ class Postgres:
             conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
 
 
+def analyse(load: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the coordinator and the null app are both measured by: latencies, task delivery, errors,
+    the generator's own limits."""
+    closed = [r for r in history if r["state"] == "closed"]
+    opened = {r["round"]: r["opened_at"] for r in history}  # latest attempt wins
+    made = {r["result_version"]: r["closed_at"] for r in closed}
+    delivery: dict[str, list[float]] = {"train": [], "evaluate": []}
+    for kind, number, t in load["received"]:
+        start = opened.get(number) if kind == "train" else made.get(number)
+        if start is not None:
+            delivery[kind].append(t - start)
+    span = (max(r["closed_at"] for r in closed) - min(r["opened_at"] for r in history)) if closed else None
+    lat = load["latencies"]
+    return {
+        "rounds_closed": len(closed),
+        "rounds_failed": sum(r["state"] == "failed" for r in history),
+        "rounds_per_min": (len(closed) / span * 60) if span else None,
+        "uploads": len(lat.get("upload", [])),
+        "uploads_per_s": _upload_rate(load["upload_times"]),
+        "upload_s": _stats(lat.get("upload", [])),
+        "download_s": _stats(lat.get("download", [])),
+        "evaluation_s": _stats(lat.get("evaluation", [])),
+        "enrol_s": _stats(lat.get("enrol", [])),
+        "poll_delivery_s": _stats(delivery["train"] + delivery["evaluate"]),
+        "train_delivery_s": _stats(delivery["train"]),
+        "evaluate_delivery_s": _stats(delivery["evaluate"]),
+        "polls": len(lat.get("poll", [])),
+        "errors": sum(load["errors"].values()),
+        "error_kinds": load["errors"],
+        "error_samples": load["error_samples"],
+        "clients_unfinished": load["clients_unfinished"],
+        "loadgen_cpu_s": load["cpu_seconds"],
+        "generator": {**load.get("generator", {}), "startup_s": load["started_at"] - load["launched_at"]},
+        "timeline": _timeline(load["trace"], opened, made),
+    }
+
+
 def run_coordinator(backend: str, k: int, c: float, hidden: int, args: argparse.Namespace) -> dict[str, Any]:
     """One federation of K simulated workers against a real coordinator process."""
     from tests.helpers import coordinator_process  # the launcher the end-to-end tests use
@@ -162,74 +209,46 @@ def run_coordinator(backend: str, k: int, c: float, hidden: int, args: argparse.
         finally:
             if db_ctx:
                 db_ctx.__exit__(None, None, None)
-    closed = [r for r in history if r["state"] == "closed"]
-    opened = {r["round"]: r["opened_at"] for r in history}  # latest attempt wins
-    made = {r["result_version"]: r["closed_at"] for r in closed}
-    delivery = []
-    for kind, number, t in load["received"]:
-        start = opened.get(number) if kind == "train" else made.get(number)
-        if start is not None:
-            delivery.append(t - start)
-    span = (max(r["closed_at"] for r in closed) - min(r["opened_at"] for r in history)) if closed else None
-    lat = load["latencies"]
-    uploads = len(lat.get("upload", []))
     return {
         "backend": backend,
         "k": k,
         "c": c,
         "prompt": [20, hidden],
-        "rounds_closed": len(closed),
-        "rounds_failed": sum(r["state"] == "failed" for r in history),
-        "rounds_per_min": (len(closed) / span * 60) if span else None,
-        "uploads": uploads,
-        "uploads_per_s": _upload_rate(load["upload_times"]),
-        "upload_s": _stats(lat.get("upload", [])),
-        "download_s": _stats(lat.get("download", [])),
-        "evaluation_s": _stats(lat.get("evaluation", [])),
-        "enrol_s": _stats(lat.get("enrol", [])),
-        "poll_delivery_s": _stats(delivery),
-        "polls": len(lat.get("poll", [])),
-        "errors": sum(load["errors"].values()),
-        "error_kinds": load["errors"],
-        "error_samples": load["error_samples"],
-        "clients_unfinished": load["clients_unfinished"],
+        **analyse(load, history),
         "coordinator_cpu_s": cpu,
         "coordinator_peak_rss_mib": peak,
-        "loadgen_cpu_s": load["cpu_seconds"],
-        "timeline": _timeline(load["trace"], opened, made),
         "wall_s": wall,
         **({"profile": profile} if profile else {}),
     }
 
 
-def run_null(k: int, hidden: int, args: argparse.Namespace) -> dict[str, Any]:
-    """The same K, pacing and rounds against the null FastAPI app."""
+def run_null(k: int, c: float, hidden: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The same K, C, pacing and rounds against the null FastAPI app."""
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.null_server", "--port", str(port), "--hidden", str(hidden)]
-    )
+    cmd = [sys.executable, "-m", "bench.null_server", "--port", str(port), "--hidden", str(hidden)]
+    cmd += ["--clients", str(k), "--rounds", str(args.rounds), "--fraction", str(c)]
+    proc = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, 60)
         cpu0 = proc_cpu_seconds(proc.pid)
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.time()
-            load = _loadgen(url, Path(tmp) / "null.json", k, hidden, args, null=True)
+            load = _loadgen(url, Path(tmp) / "null.json", k, hidden, args)
             wall = time.time() - t0
         cpu = proc_cpu_seconds(proc.pid) - cpu0
         peak = proc_peak_rss_mib(proc.pid)
+        with urllib.request.urlopen(f"{url}/api/v1/federations/1/rounds", timeout=30) as resp:
+            history = json.loads(resp.read())
     finally:
         proc.terminate()
         proc.wait(10)
-    lat = load["latencies"]
     return {
         "k": k,
+        "c": c,
+        "hidden": hidden,
         "prompt": [20, hidden],
-        "uploads": len(lat.get("upload", [])),
-        "uploads_per_s": _upload_rate(load["upload_times"]),
-        "upload_s": _stats(lat.get("upload", [])),
-        "download_s": _stats(lat.get("download", [])),
-        "errors": sum(load["errors"].values()),
+        **analyse(load, history),
         "cpu_s": cpu,
         "peak_rss_mib": peak,
         "wall_s": wall,
@@ -237,18 +256,108 @@ def run_null(k: int, hidden: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def compare(row: dict[str, Any], null: dict[str, Any]) -> dict[str, Any]:
-    """The coordinator's figures as ratios to the null app's."""
+    """The coordinator's figures as ratios to the null app's (of the same repeat)."""
     per_upload = ratio(
         row["coordinator_cpu_s"] / max(row["uploads"], 1), null["cpu_s"] / max(null["uploads"], 1)
     )
     return {
         "upload_p50": ratio(row["upload_s"]["p50"], null["upload_s"]["p50"]),
         "upload_p99": ratio(row["upload_s"]["p99"], null["upload_s"]["p99"]),
+        "poll_delivery_p99": ratio(row["poll_delivery_s"]["p99"], null["poll_delivery_s"]["p99"]),
+        "train_delivery_p99": ratio(row["train_delivery_s"]["p99"], null["train_delivery_s"]["p99"]),
         "download_p99": ratio(row["download_s"]["p99"], null["download_s"]["p99"]),
         "uploads_per_s": ratio(row["uploads_per_s"], null["uploads_per_s"]),
         "cpu_per_upload": per_upload,
         "peak_rss": ratio(row["coordinator_peak_rss_mib"], null["peak_rss_mib"]),
     }
+
+
+def rotation(systems: list[str], repeat: int) -> list[str]:
+    """The order of one repeat: the list rotated by the repeat's number, so each system goes first in turn."""
+    shift = repeat % len(systems)
+    return systems[shift:] + systems[:shift]
+
+
+FIGURES: dict[str, tuple[str, ...]] = {
+    "upload_p50": ("upload_s", "p50"),
+    "upload_p99": ("upload_s", "p99"),
+    "poll_delivery_p50": ("poll_delivery_s", "p50"),
+    "poll_delivery_p99": ("poll_delivery_s", "p99"),
+    "train_delivery_p99": ("train_delivery_s", "p99"),
+    "download_p99": ("download_s", "p99"),
+    "uploads_per_s": ("uploads_per_s",),
+    "errors": ("errors",),
+    "cpu_s": ("cpu_s",),
+    "peak_rss_mib": ("peak_rss_mib",),
+    "rounds_per_min": ("rounds_per_min",),
+    "generator_cpu_s": ("generator", "cpu_s"),
+    "generator_lag_p99": ("generator", "loop_lag_s", "p99"),
+    "generator_ramp_s": ("generator", "ramp_s"),
+    "generator_startup_s": ("generator", "startup_s"),
+    "loadavg_start": ("loadavg_start", 0),
+    "loadavg_end": ("loadavg_end", 0),
+}
+ALIASES = {"cpu_s": "coordinator_cpu_s", "peak_rss_mib": "coordinator_peak_rss_mib"}
+
+
+def _get(run: dict[str, Any], path: tuple[Any, ...]) -> Any:
+    value: Any = run
+    for i, key in enumerate(path):
+        if i == 0 and key in ALIASES and key not in value:
+            key = ALIASES[key]
+        try:
+            value = value[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return value
+
+
+def summarize(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """Min / median / max over the repeats of every figure of every system, and of every ratio to the
+    null app of the same repeat."""
+    systems = list(repeats[0]["runs"]) if repeats else []
+    out: dict[str, Any] = {}
+    for name in systems:
+        runs = [r["runs"][name] for r in repeats]
+        cell = {f: spread([_get(run, path) for run in runs]) for f, path in FIGURES.items()}
+        if name != "null":
+            keys = runs[0].get("vs_null", {})
+            cell["vs_null"] = {key: spread([run["vs_null"].get(key) for run in runs]) for key in keys}
+        out[name] = cell
+    return out
+
+
+def run_point(k: int, c: float, hidden: int, backends: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """The null app and every backend at one (K, C, width), in ``--repeats`` rounds with the order rotating."""
+    repeats = []
+    for number in range(args.repeats):
+        order = rotation(["null", *backends], number)
+        runs: dict[str, dict[str, Any]] = {}
+        for name in order:
+            load0 = list(os.getloadavg())
+            run = (
+                run_null(k, c, hidden, args) if name == "null" else run_coordinator(name, k, c, hidden, args)
+            )
+            run.update(repeat=number, loadavg_start=load0, loadavg_end=list(os.getloadavg()))
+            runs[name] = run
+            _print_run(name, run)
+        for name in backends:
+            runs[name]["vs_null"] = compare(runs[name], runs["null"])
+        repeats.append({"repeat": number, "order": order, "runs": {n: runs[n] for n in ["null", *backends]}})
+    return {"k": k, "c": c, "hidden": hidden, "repeats": repeats, "summary": summarize(repeats)}
+
+
+def _print_run(name: str, row: dict[str, Any]) -> None:
+    gen = row["generator"]
+    print(
+        f"[{row['repeat']}] {name} K={row['k']} C={row['c']} 20x{row['prompt'][1]}: {row['uploads']} uploads, "
+        f"{row['uploads_per_s'] or 0:.0f}/s, upload p50/p99 {row['upload_s']['p50'] or 0:.3f}/"
+        f"{row['upload_s']['p99'] or 0:.3f} s, poll delivery p99 {row['poll_delivery_s']['p99'] or 0:.3f} s, "
+        f"errors {row['errors']}, generator cpu {gen.get('cpu_s') or 0:.1f} s, "
+        f"lag p99 {(gen.get('loop_lag_s') or {}).get('p99') or 0:.3f} s, "
+        f"load {row['loadavg_start'][0]:.1f} -> {row['loadavg_end'][0]:.1f}",
+        flush=True,
+    )
 
 
 def _profiler(pid: int, args: argparse.Namespace, label: str) -> tuple[subprocess.Popen, Path] | None:
@@ -297,6 +406,15 @@ def _parse_grid(text: str) -> list[tuple[int, float]]:
     return [(int(k), float(c)) for k, c in (item.split("x") for item in text.split(","))]
 
 
+def _backends(text: str) -> list[str]:
+    """The coordinator's backends to run; ``null`` is accepted and dropped (the null app runs in every repeat)."""
+    names = [b for b in text.split(",") if b and b != "null"]
+    unknown = sorted(set(names) - {"sqlite", "postgres"})
+    if unknown:
+        raise SystemExit(f"--backends takes sqlite and postgres, not {', '.join(unknown)}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the grid and write bench/results/ingest.json."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -304,6 +422,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--grid", default=None, help="e.g. 100x0.1,1000x1.0 (K x C)")
     ap.add_argument("--hidden", default=None, help="prompt widths, e.g. 384,768")
     ap.add_argument("--backends", default="sqlite,postgres")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds of (null app, backends) per grid point")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--train-s", type=float, default=5.0, help="local training time, uniform in [0, this]")
     ap.add_argument("--wait", type=float, default=20.0, help="long-poll wait of the workers")
@@ -312,27 +431,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--name", default="ingest")
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args(argv)
+    backends = _backends(args.backends)
     grid = _parse_grid(args.grid) if args.grid else (QUICK_GRID if args.quick else FULL_GRID)
     hiddens = [int(h) for h in (args.hidden or ("384" if args.quick else "384,768")).split(",")]
-    rows, nulls = [], {}
+    points = []
     for hidden in hiddens:
         # 20x768 only changes the bytes per request: one (K, C) point is enough to show it
-        points = grid if hidden == hiddens[0] else [p for p in grid if p == (1000, 1.0)] or grid[-1:]
-        for k, c in points:
-            if (k, hidden) not in nulls:
-                nulls[(k, hidden)] = run_null(k, hidden, args)
-            for backend in args.backends.split(","):
-                row = run_coordinator(backend, k, c, hidden, args)
-                row["vs_null"] = compare(row, nulls[(k, hidden)])
-                rows.append(row)
-                print(
-                    f"{backend} K={k} C={c} 20x{hidden}: {row['uploads']} uploads, "
-                    f"{row['uploads_per_s'] or 0:.0f}/s, upload p50/p99 {row['upload_s']['p50'] or 0:.3f}/"
-                    f"{row['upload_s']['p99'] or 0:.3f} s, poll delivery p99 {row['poll_delivery_s']['p99'] or 0:.3f} s, "
-                    f"errors {row['errors']}, cpu {row['coordinator_cpu_s']:.1f} s, "
-                    f"peak {row['coordinator_peak_rss_mib']:.0f} MiB, {row['rounds_per_min'] or 0:.1f} rounds/min",
-                    flush=True,
-                )
+        at = grid if hidden == hiddens[0] else [p for p in grid if p == (1000, 1.0)] or grid[-1:]
+        for k, c in at:
+            points.append(run_point(k, c, hidden, backends, args))
     path = write_result(
         args.name,
         {
@@ -341,9 +448,10 @@ def main(argv: list[str] | None = None) -> None:
                 "train_s": args.train_s,
                 "wait": args.wait,
                 "quick": args.quick,
+                "repeats": args.repeats,
+                "backends": backends,
             },
-            "rows": rows,
-            "null": [{"k": k, "hidden": h, **v} for (k, h), v in nulls.items()],
+            "points": points,
         },
         out_dir=Path(args.out_dir) if args.out_dir else None,
     )

@@ -6,9 +6,13 @@ Each simulated worker enrols with the enrolment token, then loops as the real ag
 ``GET …/task?wait=W``; for an *evaluate* task download the version and report an evaluation; for a
 *train* task download the base version unless it is the version it last downloaded (the real agent
 keeps that one, checked by its sha256), "train" for a random time in [0, train_s] (the spread of
-real local training, compressed) and upload a valid safetensors update; stop at *done*.
-``--null`` drives the minimal endpoint of ``bench.null_server`` instead: enrol, then per round
-download and upload the same bytes with the same pacing, nothing else.
+real local training, compressed) and upload a valid safetensors update; stop at *done*. The null
+app (``bench.null_server``) answers the same requests, so both are driven by the same code.
+
+The generator's own limits go into the file: its CPU seconds, the lag of its event loop (a ticker
+asks to wake every 10 ms and records how late it woke: every request's latency includes that
+lateness), how long the K enrolments took (the ramp) and how many connections were opened and how
+long opening them took.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from bench.common import percentile
 from shared import wire
 
 API = "/api/v1/federations"
+TICK_S = 0.01
 
 
 class Recorder:
@@ -125,22 +131,6 @@ async def worker(
     if resp is None:
         return
     auth = {"Authorization": f"Bearer {resp.json()['token']}"}
-    if args.null:
-        for r in range(1, args.rounds + 1):
-            await _request(rec, "download", http, "GET", f"{API}/{fid}/prompts/{r - 1}", headers=auth)
-            await asyncio.sleep(rnd.uniform(0, args.train_s))
-            t = await _request(
-                rec,
-                "upload",
-                http,
-                "PUT",
-                f"{API}/{fid}/rounds/{r}/update",
-                data=blobs.get(r - 1, i % 7, num_samples),
-                headers=auth,
-            )
-            if t is not None:
-                rec.upload_times.append((r, time.time()))
-        return
     have: str | None = None  # sha256 of the version last downloaded, as the agent keeps it
 
     async def fetch(version: int, sha: str) -> bool:
@@ -202,21 +192,73 @@ async def worker(
                     rec.upload_times.append((number, time.time()))
 
 
+async def ticker(lags: list[float], stop: asyncio.Event, interval: float = TICK_S) -> None:
+    """Wake every ``interval`` seconds and record how late each wake-up came (the loop's lag)."""
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        due = loop.time() + interval
+        await asyncio.sleep(interval)
+        lags.append(max(0.0, loop.time() - due))
+
+
+def connection_trace(opened: list[float]) -> aiohttp.TraceConfig:
+    """Seconds each new connection took to open (TCP connect, as the client sees it)."""
+    trace = aiohttp.TraceConfig()
+
+    async def start(session: Any, ctx: Any, params: Any) -> None:
+        ctx.t0 = time.perf_counter()
+
+    async def end(session: Any, ctx: Any, params: Any) -> None:
+        opened.append(time.perf_counter() - ctx.t0)
+
+    trace.on_connection_create_start.append(start)
+    trace.on_connection_create_end.append(end)
+    return trace
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    return {
+        "n": len(values),
+        "p50": percentile(values, 50),
+        "p99": percentile(values, 99),
+        "max": max(values, default=None),
+    }
+
+
+def generator_limits(
+    lags: list[float], connects: list[float], enrolled: list[float], t0: float, cpu_s: float, wall_s: float
+) -> dict[str, Any]:
+    """The generator's own figures: CPU, loop lag, connection opening, enrolment ramp."""
+    return {
+        "cpu_s": cpu_s,
+        "cpu_share": cpu_s / wall_s if wall_s > 0 else None,
+        "loop_lag_s": _spread(lags),
+        "connections": len(connects),
+        "connect_s": _spread(connects),
+        "ramp_s": (max(enrolled) - t0) if enrolled else None,
+    }
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     """All workers; clients share a connection pool per group of 50 (a pool per process scales badly)."""
     rec = Recorder()
     blobs = Blobs((args.tokens, args.hidden))
     stop = asyncio.Event()
+    lags: list[float] = []
+    connects: list[float] = []
+    cpu0 = sum(os.times()[:2])
     # idle connections are dropped long before the coordinator closes them (FEDPROMPT_KEEP_ALIVE_S, 30 s)
     pools = [
         aiohttp.ClientSession(
             base_url=args.url,
             connector=aiohttp.TCPConnector(limit=60, keepalive_timeout=2.0),
             timeout=aiohttp.ClientTimeout(total=120.0),
+            trace_configs=[connection_trace(connects)],
         )
         for _ in range((args.clients + 49) // 50)
     ]
     t0 = time.time()
+    tick = asyncio.create_task(ticker(lags, stop))
     tasks = [
         asyncio.create_task(worker(i, pools[i // 50], args, rec, blobs, stop)) for i in range(args.clients)
     ]
@@ -228,9 +270,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     for t in done:
         if t.exception() is not None:
             rec.error("generator", repr(t.exception()))
+    await tick
     for p in pools:
         await p.close()
     t1 = time.time()
+    cpu = sum(os.times()[:2])
+    enrolled = [sent + dt for kind, sent, dt in rec.trace if kind == "enrol"]
     return {
         "started_at": t0,
         "finished_at": t1,
@@ -241,7 +286,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "received": rec.received,
         "upload_times": rec.upload_times,
         "trace": rec.trace,
-        "cpu_seconds": sum(os.times()[:2]),
+        "cpu_seconds": cpu,
+        "generator": {
+            **generator_limits(lags, connects, enrolled, t0, cpu - cpu0, t1 - t0),
+            "startup_cpu_s": cpu0,
+        },
     }
 
 
@@ -258,7 +307,6 @@ def main() -> None:
     ap.add_argument("--wait", type=float, default=20.0)
     ap.add_argument("--train-s", type=float, default=5.0)
     ap.add_argument("--time-limit", type=float, default=600.0)
-    ap.add_argument("--null", action="store_true")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     # the same event loop as the coordinator's (uvloop where installed): the generator's own CPU

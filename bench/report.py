@@ -103,8 +103,65 @@ def worker_table(doc: dict[str, Any]) -> str:
     )
 
 
+def _mid(cell: dict[str, Any], fmt: Callable[[Any], str]) -> str:
+    """A figure over the repeats: median (min–max)."""
+    if not cell or cell.get("median") is None:
+        return "–"
+    if cell["n"] == 1 or fmt(cell["min"]) == fmt(cell["max"]):
+        return fmt(cell["median"])
+    return f"{fmt(cell['median'])} ({fmt(cell['min'])}–{fmt(cell['max'])})"
+
+
+def _x(digits: int = 2) -> Callable[[Any], str]:
+    return lambda v: f"{v:.{digits}f}×"
+
+
+def _num(fmt: str) -> Callable[[Any], str]:
+    return lambda v: fmt.format(v)
+
+
+def ingest_repeats_table(doc: dict[str, Any]) -> str:
+    """Per grid point and system: medians over the repeats with their spread, the coordinator's
+    ratios to the null app of the same repeat, the generator's limits and the load."""
+    lines = [
+        "| K | C | prompt | system | runs | errors | upload p50 | upload p99 | ÷ null p99 (same repeat) "
+        "| train-task delivery p99 | ÷ null | uploads/s | server CPU s | peak RSS | generator CPU s / loop lag p99 / ramp "
+        "| load (1 min) start–end |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in doc["points"]:
+        for name, cell in p["summary"].items():
+            v = cell.get("vs_null", {})
+            loads = cell["loadavg_start"]["values"] + cell["loadavg_end"]["values"]
+            load = f"{min(loads):.1f}–{max(loads):.1f}" if loads else "–"
+            lines.append(
+                f"| {p['k']:,} | {p['c']} | 20×{p['hidden']} | {name if name != 'null' else 'null app'} "
+                f"| {cell['upload_p99']['n']} | **{int(sum(cell['errors']['values']))}** "
+                f"| {_mid(cell['upload_p50'], _ms)} | {_mid(cell['upload_p99'], _ms)} "
+                f"| {_mid(v.get('upload_p99', {}), _x())} | {_mid(cell['train_delivery_p99'], _ms)} "
+                f"| {_mid(v.get('train_delivery_p99', {}), _x())} | {_mid(cell['uploads_per_s'], _num('{:.0f}'))} "
+                f"| {_mid(cell['cpu_s'], _num('{:.1f}'))} | {_mid(cell['peak_rss_mib'], _num('{:.0f} MiB'))} "
+                f"| {_mid(cell['generator_cpu_s'], _num('{:.1f}'))} / {_mid(cell['generator_lag_p99'], _ms)} "
+                f"/ {_mid(cell['generator_ramp_s'], _ms)} | {load} |"
+            )
+    s = doc["settings"]
+    lines += [
+        "",
+        "Cells: median over the repeats (min–max). The order of the systems rotates from repeat to repeat; "
+        "each ratio is to the null app of the same repeat.",
+        "",
+        f"{s['rounds']} rounds per federation; each simulated worker trains for a random 0–{s['train_s']} s; "
+        f"long-poll wait {s['wait']} s; {s['repeats']} repeats.",
+        "",
+        _machine(doc),
+    ]
+    return "\n".join(lines)
+
+
 def ingest_table(doc: dict[str, Any]) -> str:
     """Coordinator rows with their ratios to the null app."""
+    if "points" in doc:
+        return ingest_repeats_table(doc)
     lines = [
         "| backend | K | C | prompt | uploads | uploads/s (÷ null) | upload p50 / p99 (÷ null p99) "
         "| poll delivery p50 / p99 | download p99 | errors | CPU s (per upload ÷ null) | peak RSS (÷ null) | rounds/min |",
@@ -166,9 +223,24 @@ def e2e_table(doc: dict[str, Any]) -> str:
         "",
         f"`fedprompt {doc['simulate_command']}`: {doc['simulate_wall_s']:.0f} s in all, "
         f"{doc['rounds_wall_s']:.0f} s of it inside rounds (the rest: start-up, model loading, the final evaluation).",
-        "",
-        _machine(doc),
     ]
+    repeats = doc.get("repeats") or []
+    if repeats:
+        lines += [
+            "",
+            f"Baseline: `fedprompt-worker {repeats[0]['train-local']['command']}`, the same training steps in one process.",
+            "",
+            "| repeat | order | simulate wall | train-local wall | ÷ (whole run) | rounds | train-local training | ÷ (rounds ÷ training) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in repeats:
+            sim, base, v = r["simulate"], r["train-local"], r["vs_train_local"]
+            lines.append(
+                f"| {r['repeat'] + 1} | {', '.join(r['order'])} | {sim['simulate_wall_s']:.1f} s | {base['wall_s']:.1f} s "
+                f"| **{_f(v['wall'])}×** | {sim['rounds_wall_s']:.1f} s | {_f(base['train_s'], '{:.1f} s')} "
+                f"| {_f(v['rounds_vs_training'])}× |"
+            )
+    lines += ["", _machine(doc)]
     return "\n".join(lines)
 
 
@@ -181,16 +253,21 @@ TABLES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
 }
 
 
+def replace_block(text: str, name: str, table: str) -> str:
+    """Put a table between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``."""
+    pattern = re.compile(rf"(<!-- bench:{name} -->\n)(?:.*?\n)?(<!-- /bench:{name} -->)", re.S)
+    return pattern.sub(lambda m: m.group(1) + table + "\n" + m.group(2), text)
+
+
 def render(text: str, results: Path) -> str:
-    """Replace every marked table whose result file exists."""
+    """Replace every marked table whose result file exists, and the floors table."""
+    from bench import floors
+
     for name, (file, fn) in TABLES.items():
         path = results / file
-        if not path.exists():
-            continue
-        table = fn(json.loads(path.read_text()))
-        pattern = re.compile(rf"(<!-- bench:{name} -->\n)(?:.*?\n)?(<!-- /bench:{name} -->)", re.S)
-        text = pattern.sub(lambda m, t=table: m.group(1) + t + "\n" + m.group(2), text)
-    return text
+        if path.exists():
+            text = replace_block(text, name, fn(json.loads(path.read_text())))
+    return floors.render(text, results)
 
 
 def main(argv: list[str] | None = None) -> None:

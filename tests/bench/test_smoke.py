@@ -26,11 +26,12 @@ def test_aggregation_compares_every_rule_with_numpy(tmp_path: Path) -> None:
     (row,) = doc["results"]
     assert set(row["rules"]) >= {"fedavg", "median", "trimmed_mean", "krum", "multi_krum", "norm_bound"}
     assert all(r["time_ratio"] > 0 and r["peak_mib"] >= 0 for r in row["rules"].values())
+    assert len(row["rules"]["fedavg"]["repeat_ratios"]) == 1
     assert row["service_fedavg"]["seconds"] > 0
 
 
 def test_comm_counts_headers_and_bodies_on_the_wire(tmp_path: Path) -> None:
-    comm.main(["--quick", "--out-dir", str(tmp_path)])
+    comm.main(["--quick", "--repeats", "2", "--out-dir", str(tmp_path)])
     rows = _result(tmp_path, "comm")["rows"]
     pt = next(r for r in rows if r["method"] == "prompt_tuning")
     assert pt["tensor_bytes"] == 20 * 384 * 4
@@ -39,34 +40,35 @@ def test_comm_counts_headers_and_bodies_on_the_wire(tmp_path: Path) -> None:
     assert pt["prompt_transfers"] == 2
     assert 2 * pt["tensor_bytes"] + pt["header_bytes"] < pt["wire_total"] < 3 * pt["tensor_bytes"]
     assert pt["header_bytes"] > 0 and pt["wire_total"] == pt["wire_up"] + pt["wire_down"]
+    assert len(pt["repeat_ratios"]) == 2 and pt["repeat_ratios"][0] == pt["ratio_to_raw_plus_headers"]
 
 
-def test_ingest_runs_a_tiny_federation_and_the_null_app(tmp_path: Path) -> None:
+def test_ingest_repeats_interleave_the_null_app_and_record_the_generator(tmp_path: Path) -> None:
     ingest.main(
-        [
-            "--grid",
-            "4x1.0",
-            "--hidden",
-            "384",
-            "--backends",
-            "sqlite",
-            "--rounds",
-            "1",
-            "--train-s",
-            "0",
-            "--wait",
-            "2",
-            "--time-limit",
-            "60",
-            "--out-dir",
-            str(tmp_path),
-        ]
-    )
+        ["--grid", "4x1.0", "--hidden", "384", "--backends", "sqlite,null", "--repeats", "2",
+         "--rounds", "1", "--train-s", "0", "--wait", "2", "--time-limit", "60", "--out-dir", str(tmp_path)]
+    )  # fmt: skip
     doc = _result(tmp_path, "ingest")
-    (row,) = doc["rows"]
-    assert row["errors"] == 0 and row["uploads"] == 4 and row["rounds_closed"] == 1
-    assert row["coordinator_peak_rss_mib"] > 0 and row["vs_null"]["upload_p99"] is not None
-    assert doc["null"][0]["uploads"] == 4
+    assert doc["settings"]["repeats"] == 2 and doc["settings"]["backends"] == ["sqlite"]
+    (point,) = doc["points"]
+    assert [r["order"] for r in point["repeats"]] == [["null", "sqlite"], ["sqlite", "null"]]
+    for rep in point["repeats"]:
+        row, null = rep["runs"]["sqlite"], rep["runs"]["null"]
+        assert row["errors"] == 0 and row["uploads"] == 4 and row["rounds_closed"] == 1
+        # the null app runs the same rounds: its workers long-poll for their train task
+        assert null["errors"] == 0 and null["uploads"] == 4 and null["rounds_closed"] == 1
+        assert null["train_delivery_s"]["n"] == 4 and null["evaluate_delivery_s"]["n"] == 4
+        assert row["vs_null"]["upload_p99"] == row["upload_s"]["p99"] / null["upload_s"]["p99"]
+        for run in (row, null):
+            gen = run["generator"]
+            assert gen["cpu_s"] >= 0 and gen["loop_lag_s"]["n"] >= 1 and gen["connections"] >= 1
+            assert gen["ramp_s"] > 0 and gen["startup_s"] > 0
+            assert len(run["loadavg_start"]) == 3 and len(run["loadavg_end"]) == 3
+    ratios = point["summary"]["sqlite"]["vs_null"]["upload_p99"]
+    assert ratios["n"] == 2 and ratios["min"] <= ratios["median"] <= ratios["max"]
+    assert point["summary"]["null"]["upload_p99"]["n"] == 2
+    table = report.ingest_table(doc)
+    assert "| null app |" in table and "| sqlite |" in table and "2 repeats" in table
 
 
 @pytest.mark.slow

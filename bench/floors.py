@@ -1,0 +1,359 @@
+"""Every floor in one table: the figure, its same-run baseline, the ratio, its spread over the repeats, met or not.
+
+    python -m bench.floors [--results bench/results] [--out BENCHMARKS.md]
+
+Reads the result files ``make bench`` writes (``comm.json``, ``aggregation.json``, ``ingest.json``,
+``worker.json``, ``e2e.json``), prints the table and writes it into BENCHMARKS.md between
+``<!-- bench:floors -->`` and ``<!-- /bench:floors -->``.
+
+A floor is *met* only when the result holds at least ``MIN_REPEATS`` repeats, each measured beside
+its baseline, and every repeat meets it; when the median meets it but some repeats do not, the table
+says how many did. A result file without repeats (written before the benchmarks recorded them) is
+shown with its one figure and "1 run, repeats pending", never as met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import RESULTS, ROOT
+
+MIN_REPEATS = 3
+COMM_FLOOR = 1.05
+FEDAVG_FLOOR = 2.0
+FEDAVG_K = 10_000
+INGEST_K = 1000
+INGEST_C = 1.0
+INGEST_WIDTH = 384
+UPLOAD_FLOOR = 1.5
+DELIVERY_FLOOR = 1.2
+WORKER_FLOOR = 0.95
+MARKER = "floors"
+
+
+@dataclass
+class Floor:
+    """One row of the table."""
+
+    floor: str
+    figure: str
+    baseline: str
+    ratio: float | None
+    spread: tuple[float, float] | None
+    runs: str
+    load: str
+    status: str
+    source: str
+
+
+def verdict(values: Sequence[float], meets: Callable[[float], bool], *, repeated: bool) -> str:
+    """Met, met in some repeats, not met, or pending (fewer than MIN_REPEATS repeats or none recorded)."""
+    if not values:
+        return "no result"
+    n = len(values)
+    if not repeated or n == 1:
+        return "1 run, repeats pending"
+    if n < MIN_REPEATS:
+        return f"{n} runs, repeats pending"
+    good = sum(1 for v in values if meets(v))
+    if good == n:
+        return f"met ({n} of {n} repeats)"
+    if meets(statistics.median(values)):
+        return f"median met, {good} of {n} repeats"
+    return f"not met ({good} of {n} repeats)"
+
+
+def _seconds(x: float | None) -> str:
+    if x is None:
+        return "–"
+    return f"{x * 1e3:.2f} ms" if x < 0.01 else f"{x * 1e3:.0f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def _ratio(x: float | None, digits: int = 2) -> str:
+    return "–" if x is None else f"{x:.{digits}f}×"
+
+
+def _load(values: Sequence[float]) -> str:
+    if not values:
+        return "–"
+    lo, hi = min(values), max(values)
+    return f"{lo:.1f}" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}–{hi:.1f}"
+
+
+def _end_load(doc: dict[str, Any]) -> str:
+    return f"{doc['machine']['loadavg'][0]:.1f} at the end"
+
+
+def _spread(values: Sequence[float], repeated: bool) -> tuple[float, float] | None:
+    return (min(values), max(values)) if repeated and len(values) > 1 else None
+
+
+def comm_floor(doc: dict[str, Any]) -> Floor:
+    """Bytes per client per round, MiniLM prompt tuning, ÷ (raw tensor bytes + headers)."""
+    row = next(
+        r for r in doc["rows"] if r["model"].startswith("all-MiniLM") and r["method"] == "prompt_tuning"
+    )
+    values = row.get("repeat_ratios") or [row["ratio_to_raw_plus_headers"]]
+    repeated = "repeat_ratios" in row
+    return Floor(
+        floor=f"bytes per client per round, MiniLM prompt tuning ≤ {COMM_FLOOR}× (raw tensors + headers)",
+        figure=f"{row['wire_total']:,} B",
+        baseline=f"{row['raw_plus_headers']:,} B",
+        ratio=statistics.median(values),
+        spread=_spread(values, repeated),
+        runs=f"{len(values)} repeats" if repeated else "1 run",
+        load=_end_load(doc),
+        status=verdict(values, lambda v: v <= COMM_FLOOR, repeated=repeated),
+        source="comm.json",
+    )
+
+
+def fedavg_floor(doc: dict[str, Any]) -> Floor | None:
+    """FedAvg ÷ numpy.average at K = 10,000."""
+    res = next((r for r in doc["results"] if r["k"] == FEDAVG_K), None)
+    fed = (res or {}).get("rules", {}).get("fedavg")
+    if res is None or not fed or "seconds" not in fed:
+        return None
+    repeated = "repeat_ratios" in fed
+    values = fed.get("repeat_ratios") or [fed["time_ratio"]]
+    return Floor(
+        floor=f"FedAvg ≤ {FEDAVG_FLOOR:g}× numpy.average at K = {FEDAVG_K:,}",
+        figure=f"{_seconds(fed['seconds'])} (best)",
+        baseline=f"{_seconds(res['numpy']['seconds'])} (best)",
+        ratio=statistics.median(values) if repeated else fed["time_ratio"],
+        spread=_spread(values, repeated),
+        runs=f"{len(values)} repeats" if repeated else "1 run",
+        load=_end_load(doc),
+        status=verdict(values, lambda v: v <= FEDAVG_FLOOR, repeated=repeated),
+        source="aggregation.json",
+    )
+
+
+def _ingest_point(doc: dict[str, Any]) -> dict[str, Any] | None:
+    for p in doc.get("points", []):
+        if (p["k"], p["c"], p["hidden"]) == (INGEST_K, INGEST_C, INGEST_WIDTH):
+            return p
+    return None
+
+
+def _single_ingest(doc: dict[str, Any], backend: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """An ingest file written before repeats: the backend's row and the null app's of that run."""
+    row = next(
+        (
+            r
+            for r in doc.get("rows", [])
+            if (r["backend"], r["k"], r["c"], r["prompt"][1]) == (backend, INGEST_K, INGEST_C, INGEST_WIDTH)
+        ),
+        None,
+    )
+    null = next((n for n in doc.get("null", []) if (n["k"], n["hidden"]) == (INGEST_K, INGEST_WIDTH)), None)
+    return (row, null) if row is not None and null is not None else None
+
+
+def ingest_floors(doc: dict[str, Any]) -> list[Floor]:
+    """Per backend at K = 1,000, C = 1.0: 0 errors and upload p99 ≤ 1.5× the null app's of the same
+    repeat; train-task delivery p99 during the upload burst ≤ 1.2× the null app's."""
+    backends = doc.get("settings", {}).get("backends") or ["sqlite", "postgres"]
+    upload = f"K = {INGEST_K:,}, C = {INGEST_C}: 0 errors and upload p99 ≤ {UPLOAD_FLOOR}× the null app's"
+    delivery = f"K = {INGEST_K:,}: train-task delivery p99 during the upload burst ≤ {DELIVERY_FLOOR}× the null app's"
+    out = []
+    point = _ingest_point(doc)
+    for backend in backends:
+        if point is not None:
+            runs = [r["runs"] for r in point["repeats"]]
+            rows = [r[backend] for r in runs]
+            nulls = [r["null"] for r in runs]
+            errors = [row["errors"] for row in rows]
+            up = [row["vs_null"]["upload_p99"] for row in rows]
+            paired = [(e, v) for e, v in zip(errors, up, strict=True) if v is not None]
+            loads = [x for row in rows for x in (row["loadavg_start"][0], row["loadavg_end"][0])]
+            load = _load(loads)
+            n = len(rows)
+            out.append(
+                Floor(
+                    floor=f"{backend}: {upload}",
+                    figure=f"p99 {_seconds(_median([r['upload_s']['p99'] for r in rows]))}, "
+                    f"errors {sum(errors)}",
+                    baseline=f"null app p99 {_seconds(_median([r['upload_s']['p99'] for r in nulls]))}",
+                    ratio=_median(up),
+                    spread=_spread([v for _, v in paired], True),
+                    runs=f"{n} repeats",
+                    load=load,
+                    status=verdict(
+                        [v if e == 0 else float("inf") for e, v in paired],
+                        lambda v: v <= UPLOAD_FLOOR,
+                        repeated=True,
+                    ),
+                    source="ingest.json",
+                )
+            )
+            dl = [row["vs_null"].get("train_delivery_p99") for row in rows]
+            dl_present = [v for v in dl if v is not None]
+            out.append(
+                Floor(
+                    floor=f"{backend}: {delivery}",
+                    figure=f"p99 {_seconds(_median([r['train_delivery_s']['p99'] for r in rows]))}",
+                    baseline=f"null app p99 {_seconds(_median([r['train_delivery_s']['p99'] for r in nulls]))}",
+                    ratio=_median(dl_present),
+                    spread=_spread(dl_present, True),
+                    runs=f"{n} repeats",
+                    load=load,
+                    status=verdict(dl_present, lambda v: v <= DELIVERY_FLOOR, repeated=True),
+                    source="ingest.json",
+                )
+            )
+            continue
+        single = _single_ingest(doc, backend)
+        if single is None:
+            continue
+        row, null = single
+        ratio = row["vs_null"]["upload_p99"]
+        out.append(
+            Floor(
+                floor=f"{backend}: {upload}",
+                figure=f"p99 {_seconds(row['upload_s']['p99'])}, errors {row['errors']}",
+                baseline=f"null app p99 {_seconds(null['upload_s']['p99'])} (uploads only, no long-polls)",
+                ratio=ratio,
+                spread=None,
+                runs="1 run",
+                load=_end_load(doc),
+                status=verdict([ratio], lambda v: v <= UPLOAD_FLOOR, repeated=False),
+                source="ingest.json",
+            )
+        )
+        out.append(
+            Floor(
+                floor=f"{backend}: {delivery}",
+                figure=f"p99 {_seconds(row['poll_delivery_s']['p99'])} (train and evaluate tasks)",
+                baseline="none: the null app did not long-poll",
+                ratio=None,
+                spread=None,
+                runs="1 run",
+                load=_end_load(doc),
+                status="baseline and repeats pending",
+                source="ingest.json",
+            )
+        )
+    return out
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def worker_floor(doc: dict[str, Any]) -> Floor:
+    """The engine's training ÷ a bare torch loop, median of paired blocks (bare s ÷ engine s)."""
+    pairs = doc.get("paired_ratios") or []
+    repeated = bool(pairs)
+    values = pairs or [doc["ratio"]]
+    return Floor(
+        floor=f"worker training ≥ {WORKER_FLOOR}× a bare torch loop",
+        figure=f"{doc['engine_steps_per_s']:.3f} steps/s",
+        baseline=f"{doc['bare_steps_per_s']:.3f} steps/s",
+        ratio=doc["ratio"],
+        spread=_spread(values, repeated),
+        runs=f"{len(values)} paired blocks, 1 run" if repeated else "1 run",
+        load=_end_load(doc),
+        status=verdict(values, lambda v: v >= WORKER_FLOOR, repeated=repeated),
+        source="worker.json",
+    )
+
+
+def e2e_floor(doc: dict[str, Any]) -> Floor:
+    """The federation's whole run ÷ the same training steps in train-local (no floor set: reported)."""
+    repeats = doc.get("repeats") or []
+    values = [r["vs_train_local"]["wall"] for r in repeats if r["vs_train_local"]["wall"] is not None]
+    sims = [r["simulate"]["simulate_wall_s"] for r in repeats]
+    bases = [r["train-local"]["wall_s"] for r in repeats]
+    loads = [
+        x
+        for r in repeats
+        for part in ("simulate", "train-local")
+        for x in (r[part]["loadavg_start"][0], r[part]["loadavg_end"][0])
+    ]
+    if not repeats:
+        status = "baseline and repeats pending"
+    elif len(values) >= MIN_REPEATS:
+        status = f"reported ({len(values)} repeats)"
+    else:
+        status = verdict(values, lambda v: True, repeated=True)
+    return Floor(
+        floor="end to end: simulate ÷ the same steps in train-local (no floor; reported)",
+        figure=f"{_median(sims) if sims else doc['simulate_wall_s']:.0f} s",
+        baseline=f"{_median(bases):.0f} s" if bases else "none yet",
+        ratio=_median(values),
+        spread=_spread(values, True) if values else None,
+        runs=f"{len(repeats)} repeats" if len(repeats) > 1 else "1 run",
+        load=_load(loads) if loads else _end_load(doc),
+        status=status,
+        source="e2e.json",
+    )
+
+
+SOURCES: list[tuple[str, Callable[[dict[str, Any]], Floor | list[Floor] | None]]] = [
+    ("comm.json", comm_floor),
+    ("aggregation.json", fedavg_floor),
+    ("ingest.json", ingest_floors),
+    ("worker.json", worker_floor),
+    ("e2e.json", e2e_floor),
+]
+
+
+def collect(results: Path) -> list[Floor]:
+    """Every floor whose result file exists."""
+    out: list[Floor] = []
+    for name, fn in SOURCES:
+        path = results / name
+        if not path.exists():
+            continue
+        got = fn(json.loads(path.read_text()))
+        out += got if isinstance(got, list) else [got] if got is not None else []
+    return out
+
+
+def table(floors: Sequence[Floor]) -> str:
+    """The floors as one markdown table."""
+    lines = [
+        "| floor | figure | baseline (same run) | ratio | spread (min–max) | runs | load (1 min) | status | file |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for f in floors:
+        spread = "–" if f.spread is None else f"{_ratio(f.spread[0])}–{_ratio(f.spread[1])}"
+        digits = 4 if f.source == "comm.json" else 3 if f.source == "worker.json" else 2
+        lines.append(
+            f"| {f.floor} | {f.figure} | {f.baseline} | **{_ratio(f.ratio, digits)}** | {spread} | {f.runs} "
+            f"| {f.load} | {f.status} | `{f.source}` |"
+        )
+    return "\n".join(lines)
+
+
+def render(text: str, results: Path) -> str:
+    """Replace the floors block of a page with the table built from the result files."""
+    from bench.report import replace_block
+
+    return replace_block(text, MARKER, table(collect(results)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print the floors table and write it into BENCHMARKS.md."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", default=str(RESULTS))
+    ap.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
+    args = ap.parse_args(argv)
+    text = table(collect(Path(args.results)))
+    print(text)
+    out = Path(args.out)
+    if out.exists():
+        out.write_text(render(out.read_text(), Path(args.results)))
+        print(f"updated {out}")
+
+
+if __name__ == "__main__":
+    main()
