@@ -18,7 +18,7 @@ from coordinator.api import problems
 from coordinator.api.body_limit import BodyLimitMiddleware
 from coordinator.api.longpoll import TaskPoll
 from coordinator.api.perloop import PerLoop
-from coordinator.api.routes import clients, dashboard, export, federations, health, rounds
+from coordinator.api.routes import clients, dashboard, export, federations, health, rounds, secagg
 from coordinator.config import Settings
 from coordinator.dashboard import STATIC_DIR
 from coordinator.db import make_engine, make_sessionmaker
@@ -100,7 +100,7 @@ def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
         enabled=settings.rate_limits,
     )
     problems.install(app)
-    for module in (health, federations, clients, rounds, export, dashboard):
+    for module in (health, federations, clients, rounds, secagg, export, dashboard):
         app.include_router(module.router)
     app.mount("/dashboard/static", StaticFiles(directory=STATIC_DIR), name="dashboard-static")
     # Added innermost first: the request id and log context wrap everything, metrics see every

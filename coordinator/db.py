@@ -166,6 +166,33 @@ class ServerOptimizerState(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
+class SecaggRound(Base):
+    """A secure round attempt's plan (numbers, graph, k, t), its stage (keys | shares | masked | unmask |
+    done | failed) and the clients (numbers) that completed each stage."""
+
+    __tablename__ = "secagg_rounds"
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id", ondelete="CASCADE"), primary_key=True)
+    stage: Mapped[str] = mapped_column(String(16))
+    plan: Mapped[dict[str, Any]] = mapped_column(JSON)
+    reached: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    stage_started_at: Mapped[float] = mapped_column(Float)
+
+
+class SecaggMessage(Base):
+    """What a client posted in a stage: its public keys, an AES-GCM envelope for one recipient (client
+    id), or the shares it revealed; recipient 0 when the message has none."""
+
+    __tablename__ = "secagg_messages"
+    __table_args__ = (UniqueConstraint("round_id", "stage", "sender_id", "recipient_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id", ondelete="CASCADE"), index=True)
+    stage: Mapped[str] = mapped_column(String(16))
+    sender_id: Mapped[int] = mapped_column(ForeignKey("clients.id", ondelete="CASCADE"), index=True)
+    recipient_id: Mapped[int] = mapped_column(Integer)
+    payload: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
 class Evaluation(Base):
     """A client's metrics of one global prompt version on its local held-out data."""
 

@@ -198,6 +198,12 @@ class CoordinatorClient:
         )
         return resp.status_code, resp.json()
 
+    def secagg_stage(self, fid: int, number: int, stage: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """A secure round's stage answer (keys, shares or unmask) → its receipt."""
+        return self._call(
+            "POST", f"{API}/federations/{fid}/rounds/{number}/secagg/{stage}", json=payload
+        ).json()
+
     def report_evaluation(self, fid: int, number: int, report: dict[str, Any]) -> dict[str, Any]:
         """Report metrics of the prompt produced by round `number`."""
         return self._call("POST", f"{API}/federations/{fid}/rounds/{number}/evaluation", json=report).json()

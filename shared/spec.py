@@ -31,6 +31,7 @@ __all__ = [
     "SERVER_OPTIMIZER_DEFAULTS",
     "AggregationSpec",
     "FederationSpec",
+    "SecureAggregationSpec",
     "ServerOptimizerSpec",
     "initial_prompt",
 ]
@@ -81,6 +82,47 @@ class PrivacySpec(BaseModel):
                 "delta applies to the gaussian mechanism only; the laplace mechanism is pure ε-DP"
             )
         return self
+
+
+class SecureAggregationSpec(BaseModel):
+    """Secure aggregation (SecAgg+): the coordinator learns the weighted mean of the round's updates and
+    not any one of them (docs/secure-aggregation.md)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    threshold: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="t as a fraction of a client's neighbourhood k: a client's secrets are reconstructed from "
+        "t = floor(threshold·k) + 1 of its neighbours' shares, and a round needs t clients through every stage.",
+    )
+    neighbours: int | None = Field(
+        None,
+        ge=2,
+        le=1000,
+        description="k, the neighbours each client exchanges keys and shares with (default 2·ceil(log2 n), "
+        "at most n − 1).",
+    )
+    clip: float = Field(
+        1.0,
+        gt=0,
+        le=1e6,
+        description="Each element of an update (new − global prompt) is clipped to [−clip, clip] before it is "
+        "quantised.",
+    )
+    bits: int = Field(
+        20,
+        ge=8,
+        le=32,
+        description="Quantisation levels 2^bits over [−clip, clip]: the mean is within clip / (2^bits − 1) of "
+        "FedAvg's, per element.",
+    )
+    stage_deadline_s: float = Field(
+        60.0,
+        gt=0,
+        le=86400,
+        description="Deadline of the key, share and unmasking stages (the masked upload has round_deadline_s).",
+    )
 
 
 # Hyper-parameters each server optimiser takes and their defaults: Flower's strategies of the same names
@@ -254,6 +296,10 @@ class FederationSpec(BaseModel):
         description="Server-side optimiser applied to each round's aggregate: fedavgm, fedadagrad, fedadam "
         "or fedyogi with its hyper-parameters (none or fedavg: the aggregate is the next prompt, plain FedAvg).",
     )
+    secure_aggregation: SecureAggregationSpec | None = Field(
+        None,
+        description="Secure aggregation of each round (none: updates are sent and stored in the clear).",
+    )
     seed: int = Field(0, ge=0, le=2**32 - 1)
     auto_advance: bool = True
 
@@ -276,6 +322,18 @@ class FederationSpec(BaseModel):
             raise ValueError(
                 f"labels has {len(self.labels)} names but the verbalizer {len(self.verbalizer)} labels"
             )
+        if self.secure_aggregation is not None:
+            if self.aggregation.name != "fedavg":
+                raise ValueError(
+                    f"secure_aggregation cannot be combined with the {self.aggregation.name} rule: the "
+                    "coordinator sees only the sum of the masked updates, and a robust rule needs each "
+                    "update; use fedavg (optionally with a server optimiser) or drop secure_aggregation"
+                )
+            if self.min_clients < 3:
+                raise ValueError(
+                    "secure_aggregation needs min_clients of at least 3: with two clients each could "
+                    "subtract its own update from the mean and learn the other's"
+                )
         if "[MASK]" not in self.template:
             raise ValueError("template needs a [MASK] slot where the label word is read")
         try:

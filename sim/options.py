@@ -70,6 +70,8 @@ class SimulateOptions:
     encoder_hidden_size: int | None
     prefix_projection: bool
     scoring: str
+    secure_aggregation: bool = False
+    secagg_clip: float | None = None
 
 
 def parse_aggregation(text: str) -> dict[str, Any]:
@@ -146,6 +148,16 @@ def check_attack_options(opts: SimulateOptions) -> None:
     agg = parse_aggregation(opts.aggregation)
     check_params(agg["name"], agg["params"])
     parse_server_optimizer(opts.server_optimizer)
+    if opts.secure_aggregation:
+        if agg["name"] != "fedavg":
+            raise ValueError(
+                f"--secure-aggregation cannot be combined with --aggregation {agg['name']}: the coordinator "
+                "sees only the sum of masked updates, a robust rule needs each update"
+            )
+        if opts.clients < 3:
+            raise ValueError(f"--secure-aggregation needs at least 3 clients; got {opts.clients}")
+    if opts.secagg_clip is not None and not opts.secagg_clip > 0:
+        raise ValueError(f"--secagg-clip must be positive; got {opts.secagg_clip}")
     if opts.init not in ("vocab", "label"):
         raise ValueError(f"--init must be vocab or label; got {opts.init!r}")
     if opts.processes is not None and opts.processes > opts.clients:
@@ -206,6 +218,7 @@ def build_spec(
     privacy: dict[str, Any] | None = None,
     method: dict[str, Any] | None = None,
     server_optimizer: dict[str, Any] | None = None,
+    secure_aggregation: dict[str, Any] | None = None,
 ) -> FederationSpec:
     """The federation spec for a simulation (`method`: method, encoder and model-shape fields); the
     template and label words are the data's (sim/data_options.py chose them)."""
@@ -220,7 +233,8 @@ def build_spec(
         max_length=max_length,
         rounds=rounds,
         fraction=fraction,
-        min_clients=1,
+        # secure aggregation needs three clients in every round (two could each learn the other's update)
+        min_clients=3 if secure_aggregation is not None else 1,
         expected_clients=clients,
         quorum=1,
         round_deadline_s=round_deadline,
@@ -232,6 +246,7 @@ def build_spec(
         aggregation=aggregation or {"name": "fedavg", "params": {}},
         privacy=privacy,
         server_optimizer=server_optimizer,
+        secure_aggregation=secure_aggregation,
         **(method or {}),
     )
 
@@ -273,6 +288,15 @@ def model_facts(
     return engine.hidden_size, engine.fingerprint, blob, facts
 
 
+def secure_aggregation_spec(opts: SimulateOptions, lr: float) -> dict[str, Any] | None:
+    """The spec's secure_aggregation block (None: off). Its clipping range defaults to lr × local_steps:
+    AdamW moves an element by about lr per step at most, so a round's update stays within it."""
+    if not opts.secure_aggregation:
+        return None
+    clip = opts.secagg_clip if opts.secagg_clip is not None else lr * opts.local_steps
+    return {"clip": min(clip, 1e6)}
+
+
 def federation_spec(opts: SimulateOptions, dataset: Dataset) -> tuple[FederationSpec, bytes | None]:
     """The spec of a new federation from the options and the local model, and its starting prompt
     (--init-prompt, else the model's vocabulary initialisation)."""
@@ -292,6 +316,7 @@ def federation_spec(opts: SimulateOptions, dataset: Dataset) -> tuple[Federation
     hidden, fingerprint, initial_blob, facts = model_facts(
         opts.model, opts.seed, kwargs, method_options, opts.init
     )
+    lr = opts.lr if opts.lr is not None else default_lr(facts["scoring"])
     spec = build_spec(
         dataset_name=dataset.name,
         task=dataset.task,
@@ -301,7 +326,7 @@ def federation_spec(opts: SimulateOptions, dataset: Dataset) -> tuple[Federation
         rounds=opts.rounds,
         local_steps=opts.local_steps,
         batch_size=opts.batch_size,
-        lr=opts.lr if opts.lr is not None else default_lr(facts["scoring"]),
+        lr=lr,
         num_virtual_tokens=opts.num_virtual_tokens,
         max_length=opts.max_length,
         seed=opts.seed,
@@ -314,6 +339,7 @@ def federation_spec(opts: SimulateOptions, dataset: Dataset) -> tuple[Federation
         privacy=privacy_spec(opts.ldp_mechanism, opts.ldp_epsilon, opts.ldp_clip, opts.ldp_delta),
         method=facts,
         server_optimizer=parse_server_optimizer(opts.server_optimizer),
+        secure_aggregation=secure_aggregation_spec(opts, lr),
     )
     if opts.init_prompt is not None:
         initial_blob = opts.init_prompt.read_bytes()

@@ -183,6 +183,21 @@ def simulate_command(
             "e.g. MiniLM) | tied-embeddings | mean-pool."
         ),
     ] = "auto",
+    secure_aggregation: Annotated[
+        bool,
+        typer.Option(
+            "--secure-aggregation",
+            help="Secure aggregation (SecAgg+): the coordinator learns only the weighted mean of each "
+            "round's updates (docs/secure-aggregation.md); needs --aggregation fedavg and 3 clients.",
+        ),
+    ] = False,
+    secagg_clip: Annotated[
+        float | None,
+        typer.Option(
+            help="Secure aggregation: each update element is clipped to [-clip, clip] before quantisation "
+            "(default: lr × local steps)."
+        ),
+    ] = None,
 ) -> None:
     """Run a whole federation on this machine and write results.json, rounds.csv and accuracy.png."""
     opts = SimulateOptions(**locals())  # first statement: the locals are exactly the parameters

@@ -26,10 +26,12 @@ from shared import wire
 from shared.client import ApiError, CoordinatorClient
 from shared.evalstats import confusion_metrics
 from shared.privacy import gaussian_ldp, gaussian_noise_multiplier, laplace_ldp, ldp_rng
+from shared.secagg.protocol import flatten
 from shared.spec import FederationSpec
 from worker.data import Example
 from worker.poison import Backdoor
 from worker.protocol import Engine, EngineFactory
+from worker.secagg import SecureStages
 from worker.slots import training_slot
 from worker.state import Credentials, StateDir
 
@@ -138,6 +140,7 @@ class Agent:
         self.spec: FederationSpec | None = None
         self.client: CoordinatorClient | None = None
         self._last_prompt: tuple[int, str, bytes] | None = None  # (version, sha256, blob)
+        self._secure_stages: SecureStages | None = None
 
     # -- control ------------------------------------------------------------------------------
 
@@ -289,6 +292,8 @@ class Agent:
             self._evaluate(task)
         elif kind == "train":
             self._train(task)
+        elif kind == "secagg":
+            self._secagg(task)
         elif kind == "done":
             self.status.state = "done"
             self._stop.wait(5.0)
@@ -388,13 +393,52 @@ class Agent:
                     "trained_at": time.time(),
                 },
             }
-            blob = self.engine.save_prompt(meta) if tensors is None else wire.encode(tensors, meta)
+            if "secure_aggregation" in task:  # the masked vector instead of the prompt
+                trained = tensors if tensors is not None else self.engine.get_prompt()
+                blob = self._masked(task, blob_in, trained, metrics)
+            else:
+                blob = self.engine.save_prompt(meta) if tensors is None else wire.encode(tensors, meta)
         log.info("round %s: trained in %.1f s, mean loss %.4f", number, result.seconds, result.mean_loss)
         self.state.save_pending(number, blob)
         self.status.last_train = {"round": number, **metrics}
         self._upload(number, blob)
         self.status.rounds_trained.append(number)
         self.status.state = "idle"
+
+    def _secure(self) -> SecureStages:
+        if self._secure_stages is None:
+            self._secure_stages = SecureStages(self.config.state_dir, self.config.federation_id)
+        return self._secure_stages
+
+    def _secagg(self, task: dict[str, Any]) -> None:
+        """A secure round's keys, shares or unmasking stage; the round secrets are kept in the state
+        directory before anything derived from them is sent (worker/secagg.py)."""
+        assert self.client is not None
+        number, stage = int(task["round"]), str(task["stage"])
+        self.status.state, self.status.round = f"secure-{stage}", number
+        try:
+            payload = self._secure().answer(task)
+            self._retry(
+                f"secure aggregation {stage}",
+                lambda: self.client.secagg_stage(self.config.federation_id, number, stage, payload),  # type: ignore[union-attr]
+            )
+        except (ValueError, ApiError) as exc:  # ProtocolError, EnvelopeError, ShamirError: ValueErrors
+            # the stage moved on, or it cannot be answered (too few neighbours): its deadline settles it
+            log.warning("round %s: the %s stage was not answered: %s", number, stage, exc)
+            self.status.last_error = f"secure aggregation {stage}, round {number}: {exc}"
+            self._stop.wait(1.0)
+        self.status.state = "idle"
+
+    def _masked(
+        self, task: dict[str, Any], blob_in: bytes, trained: dict[str, Any], metrics: dict[str, Any]
+    ) -> bytes:
+        """The masked upload of a secure round: the update (trained − global prompt, after LDP if any)
+        clipped, quantised, weighted by this client's samples and masked."""
+        assert self.spec is not None
+        shapes = self.spec.tensor_shapes()
+        update = flatten(trained, shapes) - flatten(wire.decode(blob_in)[0], shapes)
+        numbers = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+        return self._secure().masked(task, update, max(len(self.train_data), 1), numbers)
 
     def _release(self, blob_in: bytes, metrics: dict[str, Any]) -> dict[str, Any] | None:
         """The trained prompt as uploaded when it differs from the engine's: a malicious worker's ASR and

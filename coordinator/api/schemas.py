@@ -201,15 +201,20 @@ class Enrolled(_Open):
 
 
 class Task(_Open):
-    """What a client should do next: evaluate a version, train for a round, or stop."""
+    """What a client should do next: evaluate a version, train for a round, answer a secure round's
+    stage (secagg: keys, shares or unmask; docs/secure-aggregation.md), or stop."""
 
-    kind: Literal["evaluate", "train", "done"]
+    kind: Literal["evaluate", "train", "secagg", "done"]
     round: int
     version: int
     sha256: str | None = None
     attempt: int | None = None
     deadline_at: float | None = None
     config: dict[str, Any] | None = None
+    stage: Literal["keys", "shares", "unmask"] | None = None
+    secure_aggregation: dict[str, Any] | None = Field(
+        None, description="A secure round's train task: what the masked upload needs."
+    )
 
 
 class EvaluationStored(_Open):

@@ -23,6 +23,7 @@ from coordinator.logic.selection import select_clients
 from coordinator.logic.uploads import declared_samples
 from coordinator.store import Store
 from coordinator.usecases.reads import Reads, privacy_of
+from coordinator.usecases.secagg import SecureRounds
 from shared import wire
 from shared.spec import FederationSpec, ServerOptimizerSpec
 
@@ -33,6 +34,7 @@ class RoundCycle:
     def __init__(self, store: Store, reads: Reads) -> None:
         self.store = store
         self.reads = reads
+        self.secure = SecureRounds(store)
 
     # -- operator -------------------------------------------------------------------------------
 
@@ -65,6 +67,11 @@ class RoundCycle:
             if rnd is None or rnd.number != number:
                 raise Conflict(f"round {number} is not open" + (f"; round {rnd.number} is" if rnd else ""))
             spec = self.store.spec_of(fed)
+            if spec.secure_aggregation is not None:
+                raise Conflict(
+                    f"round {number} uses secure aggregation: it closes when its unmasking stage completes "
+                    "or fails at a stage's deadline"
+                )
             n = self.store.count_updates(s, rnd.id)
             if n < spec.quorum:
                 raise Conflict(f"round {number} has {n} update(s), below the quorum of {spec.quorum}; wait")
@@ -97,7 +104,8 @@ class RoundCycle:
         """Close the round now if that upload was the last one missing."""
         with self.store.sessions() as s:  # the upload route calls it when its batch completed the round
             rnd = s.execute(select(Round.id).where(Round.federation_id == fid, Round.state == "open")).first()
-            due = rnd is not None and self.store.all_uploaded(s, rnd)
+            secure = self.store.spec(s, fid).secure_aggregation is not None  # its stages decide
+            due = rnd is not None and (secure or self.store.all_uploaded(s, rnd))
         if due:
             self._close_if_due(fid)
 
@@ -147,6 +155,8 @@ class RoundCycle:
         s.add(rnd)
         s.flush()
         s.add_all(Participant(round_id=rnd.id, client_id=cid) for cid in chosen)
+        if spec.secure_aggregation is not None:
+            self.secure.start(s, spec, rnd, chosen)
         fed.current_round, fed.state, fed.updated_at = number, "running", now
         message = f"round {number} attempt {attempt} opened with clients {chosen}"
         self.store.event(s, fed.id, "round_opened", message, number)
@@ -173,21 +183,42 @@ class RoundCycle:
             if rnd is None:
                 return
             spec = self.store.spec_of(fed)
-            if self.store.all_uploaded(s, rnd):
+            if spec.secure_aggregation is not None:
+                outcome = self.secure.progress(s, fed, rnd, spec)
+                if outcome.action == "next":
+                    try:
+                        self._aggregate(s, fed, rnd, by="unmasked")
+                    except Conflict as exc:  # shares that do not reconstruct: retried like a failed round
+                        self._fail(s, fed, rnd, exc.detail)
+                elif outcome.action == "fail":
+                    self._fail(s, fed, rnd, outcome.reason)
+            elif self.store.all_uploaded(s, rnd):
                 self._aggregate(s, fed, rnd, by="all-uploaded")
             elif rnd.deadline_at <= self.store.clock():
                 n = self.store.count_updates(s, rnd.id)
                 if n >= spec.quorum:
                     self._aggregate(s, fed, rnd, by="deadline")
                 else:
-                    rnd.state, rnd.closed_at = "failed", self.store.clock()
-                    rnd.failure_reason = (
-                        f"deadline passed with {n} update(s), below the quorum of {spec.quorum}"
+                    self._fail(
+                        s, fed, rnd, f"deadline passed with {n} update(s), below the quorum of {spec.quorum}"
                     )
-                    self.store.event(s, fid, "round_failed", rnd.failure_reason, rnd.number)
-                    fed.state = "waiting"
-                    if not fed.paused:  # retry at once with a fresh selection
-                        self.advance(s, fed, manual=True)
+
+    def secure_stage(self, fid: int, number: int, client: Client, stage: str, payload: Any) -> dict[str, Any]:
+        """A client's keys, envelopes or revealed shares for a secure round; then the round moves on as
+        far as the answers allow (next stage, aggregation, or failure)."""
+        answer = self.secure.post(fid, number, client, stage, payload)
+        if answer["stored"]:
+            self._close_if_due(fid)
+        return answer
+
+    def _fail(self, s: Session, fed: Federation, rnd: Round, reason: str) -> None:
+        """Fail the round attempt and retry it at once with a fresh selection (lock held)."""
+        rnd.state, rnd.closed_at = "failed", self.store.clock()
+        rnd.failure_reason = reason
+        self.store.event(s, fed.id, "round_failed", rnd.failure_reason, rnd.number)
+        fed.state = "waiting"
+        if not fed.paused:  # retry at once with a fresh selection
+            self.advance(s, fed, manual=True)
 
     # -- aggregation ----------------------------------------------------------------------------
 
@@ -208,8 +239,12 @@ class RoundCycle:
             )
         ).one()
         declared: dict[int, int] = {}  # client id -> the num_samples its update's metadata declares
+        secure: dict[str, Any] | None = None
         try:
-            if spec.aggregation.name == "fedavg":  # streams: one decoded update in memory at a time
+            if spec.secure_aggregation is not None:
+                tensors, secure = self.secure.aggregate(s, spec, rnd, wire.decode(base.blob)[0])
+                result = AggregationResult(tensors)
+            elif spec.aggregation.name == "fedavg":  # streams: one decoded update in memory at a time
                 total = float(sum(u.num_samples for u in updates))
                 decoded = decoded_updates(s, rnd, canonical=True, declared=declared)
                 result = AggregationResult(fedavg_stream(decoded, total))
@@ -256,6 +291,8 @@ class RoundCycle:
             server_optimizer=server_step,
             privacy=privacy,
         )
+        if secure is not None:
+            rnd.stats = {**rnd.stats, "secure_aggregation": secure}
         rnd.state, rnd.result_version, rnd.closed_at, rnd.closed_by = "closed", version, now, by
         fed.latest_version, fed.updated_at = version, now
         message = f"round {rnd.number} aggregated {len(updates)} update(s)"

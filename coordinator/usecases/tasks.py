@@ -5,17 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import and_, select, update
+from sqlalchemy.orm import Session
 
 from coordinator.db import Client, Evaluation, Participant, PromptVersion, Round, Update
 from coordinator.logic.evaluation import evaluation_due
 from coordinator.store import Store
+from coordinator.usecases.secagg import SecureRounds
+from shared.spec import FederationSpec
 
 
 class Tasks:
     """A client's next task, and prompt downloads (a participant's counted for the ledger)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, secure: SecureRounds | None = None) -> None:
         self.store = store
+        self.secure = secure or SecureRounds(store)
 
     def get_prompt(self, fid: int, version: str | int, *, client: Client | None = None) -> PromptVersion:
         """A prompt version's blob ('latest' or a number); counts a participant's download."""
@@ -87,22 +91,37 @@ class Tasks:
                         Update.id.is_(None),
                     )
                 )
-                if pending is not None:
-                    return {
-                        "kind": "train",
-                        "round": rnd.number,
-                        "attempt": rnd.attempt,
-                        "version": rnd.base_version,
-                        "sha256": self.store.version_sha(s, fed, rnd.base_version),
-                        "deadline_at": rnd.deadline_at,
-                        "config": {
-                            "local_steps": spec.local_steps,
-                            "batch_size": spec.batch_size,
-                            "lr": spec.lr,
-                            "grad_clip": spec.grad_clip,
-                            "seed": spec.seed,
-                        },
-                    }
+                if spec.secure_aggregation is not None:  # its stage decides, uploaded or not
+                    step = self.secure.task(s, fid, rnd, client.id, spec)
+                    if step is not None and step["stage"] == "masked":
+                        return {
+                            **self._train_task(s, fed, rnd, spec),
+                            "secure_aggregation": {
+                                k: v for k, v in step.items() if k not in ("kind", "round")
+                            },
+                        }
+                    if step is not None:
+                        return step
+                elif pending is not None:
+                    return self._train_task(s, fed, rnd, spec)
             if fed.state == "completed":
                 return {"kind": "done", "round": fed.current_round, "version": fed.latest_version}
         return None
+
+    def _train_task(self, s: Session, fed: Any, rnd: Any, spec: FederationSpec) -> dict[str, Any]:
+        """Train from the round's base version and upload."""
+        return {
+            "kind": "train",
+            "round": rnd.number,
+            "attempt": rnd.attempt,
+            "version": rnd.base_version,
+            "sha256": self.store.version_sha(s, fed, rnd.base_version),
+            "deadline_at": rnd.deadline_at,
+            "config": {
+                "local_steps": spec.local_steps,
+                "batch_size": spec.batch_size,
+                "lr": spec.lr,
+                "grad_clip": spec.grad_clip,
+                "seed": spec.seed,
+            },
+        }

@@ -31,6 +31,7 @@ from coordinator.logic.uploads import (
     parse_update_metadata,
 )
 from coordinator.store import Store, no_federation
+from coordinator.usecases.secagg import SecureRounds
 from shared import wire
 
 Outcome = UploadResult | ServiceError | IntegrityError
@@ -39,8 +40,9 @@ Outcome = UploadResult | ServiceError | IntegrityError
 class Uploads:
     """Updates and evaluation reports of clients."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, secure: SecureRounds | None = None) -> None:
         self.store = store
+        self.secure = secure or SecureRounds(store)
         self._batchers: dict[int, GroupCommit[PendingUpload, UploadResult]] = {}  # fid -> its group commit
 
     def upload(self, fid: int, number: int, client: Client, body: bytes) -> UploadResult:
@@ -48,6 +50,8 @@ class Uploads:
         committed together with the other uploads arriving meanwhile (see _store_updates)."""
         digest = wire.sha256(body)
         spec = self.store.cached_spec(fid)
+        if spec.secure_aggregation is not None:  # a masked vector; the round settles afterwards
+            return self.secure.upload_masked(fid, number, client, body)
         try:
             tensors, meta = wire.decode_checked(body, spec.tensor_shapes())
         except wire.WireError as exc:

@@ -44,6 +44,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/api/v1/federations/{fid}/task"): CLIENT,
     ("PUT", "/api/v1/federations/{fid}/rounds/{number}/update"): CLIENT,
     ("POST", "/api/v1/federations/{fid}/rounds/{number}/evaluation"): CLIENT,
+    ("POST", "/api/v1/federations/{fid}/rounds/{number}/secagg/{stage}"): CLIENT,
 }
 TOKENS = ["none", "wrong", "other-federation client", "client", "admin"]
 
@@ -85,7 +86,9 @@ def test_route_answers_each_token_as_designed(
     api: TestClient = world["api"]
     method, template = route
     me = world["clients"][0]
-    path = template.format(fid=world["fid"], cid=world["clients"][1]["client_id"], version=0, number=1)
+    path = template.format(
+        fid=world["fid"], cid=world["clients"][1]["client_id"], version=0, number=1, stage="keys"
+    )
     if template.endswith("/evaluation"):
         path = template.format(fid=world["fid"], number=0)
     headers = {
@@ -106,6 +109,8 @@ def test_route_answers_each_token_as_designed(
         kwargs["json"] = {"name": "intruder", "num_samples": 1}
     elif template.endswith("/model-parameters"):
         kwargs["json"] = {"model_parameters": 1}
+    elif template.endswith("/secagg/{stage}"):
+        kwargs["json"] = {"encryption_key": "", "mask_key": "", "seed_commitment": ""}
     before = snapshot(api)
     resp = api.request(method, path, headers=headers, **kwargs)
     expected = EXPECTED[ROUTES[route]][who]

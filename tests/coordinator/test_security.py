@@ -113,7 +113,7 @@ def test_client_routes_take_no_client_id_from_the_caller() -> None:
             continue
         op = spec["paths"][path][method.lower()]
         names = {p["name"] for p in op.get("parameters", [])}
-        assert names <= {"fid", "number", "version", "wait"}, (method, path, names)
+        assert names <= {"fid", "number", "version", "wait", "stage"}, (method, path, names)
         ref = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
         body = spec["components"]["schemas"].get(ref.get("$ref", "/").rsplit("/", 1)[1], {})
         assert not {"client_id", "cid", "client"} & set(body.get("properties", {})), (method, path)

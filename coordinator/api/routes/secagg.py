@@ -1,0 +1,66 @@
+"""Secure aggregation's stages for workers: public keys, share envelopes and revealed shares of the
+open round (the masked vector goes up through the update route)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, Body
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from coordinator.api.deps import ClientDep, ServiceDep
+from coordinator.api.jsonbody import BoundedJSONRoute
+from coordinator.api.paths import FEDERATION
+from coordinator.api.problems import API_ERRORS, problem_responses
+from coordinator.api.schemas import IdPath
+
+
+class SecaggStored(BaseModel):
+    """A stage answer's receipt."""
+
+    model_config = ConfigDict(extra="allow")
+    round: int
+    attempt: int
+    stage: Literal["keys", "shares", "unmask"]
+    stored: bool = Field(..., description="False when this client had already sent exactly this.")
+
+
+router = APIRouter(
+    prefix=FEDERATION, tags=["secure aggregation"], responses=API_ERRORS, route_class=BoundedJSONRoute
+)
+
+
+@router.post(
+    "/rounds/{number}/secagg/{stage}",
+    status_code=201,
+    response_model=SecaggStored,
+    responses={
+        200: {"description": "identical repeat", "model": SecaggStored},
+        **problem_responses(
+            403,
+            404,
+            409,
+            410,
+            422,
+            e403="not selected for this round",
+            e404="the federation does not use secure aggregation",
+            e409="not this client's stage now, or different from what it already sent",
+            e410="round not open",
+            e422="malformed keys, envelopes or shares",
+        ),
+    },
+)
+def post_stage(
+    fid: IdPath,
+    number: IdPath,
+    stage: Literal["keys", "shares", "unmask"],
+    client: ClientDep,
+    service: ServiceDep,
+    payload: dict[str, Any] = Body(...),
+) -> JSONResponse:
+    """A secure round's stage answer: `keys` {encryption_key, mask_key, seed_commitment} (base64 X25519
+    public keys, hex sha256 of the self-mask seed); `shares` {envelopes: {number: base64}}, one AES-GCM
+    envelope per neighbour the task named; `unmask` {shares: {number: {kind: seed|key, share: base64}}}."""
+    answer = service.cycle.secure_stage(fid, number, client, stage, payload)
+    return JSONResponse(answer, status_code=201 if answer["stored"] else 200)

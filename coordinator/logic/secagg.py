@@ -1,0 +1,249 @@
+"""Secure aggregation's rules on the coordinator's side, as pure functions: a round's plan (who is
+number what, the neighbourhood graph, the threshold), when a stage is over and whether the round goes
+on, the checks of what clients post, and what the round's statistics say. No I/O.
+
+A secure round moves through four stages, each with its own deadline (docs/secure-aggregation.md):
+
+    keys      every participant advertises its public keys            -> U0
+    shares    U0 clients send envelopes to their neighbours in U0      -> U1
+    masked    U1 clients train and upload their masked vectors         -> U2
+    unmask    U2 clients reveal the shares the sum needs              -> U3
+
+A stage is over when every client expected in it has answered, or at its deadline; the round fails
+when fewer than t (or the quorum, for the masked vectors) remain, or when the answers of U3 cannot
+reconstruct every secret the sum needs.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from coordinator.errors import Invalid
+from shared.secagg import graph, protocol, quantise, shamir, shares
+from shared.spec import FederationSpec, SecureAggregationSpec
+
+STAGES = ("keys", "shares", "masked", "unmask")
+NEXT = {"keys": "shares", "shares": "masked", "masked": "unmask"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A secure round's public plan: participants' numbers (client id -> 1..n), the neighbourhood
+    graph over those numbers, k and t."""
+
+    indices: dict[int, int]
+    neighbours: dict[int, list[int]]
+    k: int
+    t: int
+
+    def client_of(self) -> dict[int, int]:
+        """Number -> client id."""
+        return {i: cid for cid, i in self.indices.items()}
+
+    def as_json(self) -> dict[str, Any]:
+        """For the database (JSON keys are strings)."""
+        return {
+            "indices": {str(c): i for c, i in self.indices.items()},
+            "neighbours": {str(i): p for i, p in self.neighbours.items()},
+            "k": self.k,
+            "t": self.t,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Plan:
+        """The inverse of as_json."""
+        return cls(
+            {int(c): int(i) for c, i in data["indices"].items()},
+            {int(i): [int(p) for p in peers] for i, peers in data["neighbours"].items()},
+            int(data["k"]),
+            int(data["t"]),
+        )
+
+
+def plan(client_ids: Sequence[int], sa: SecureAggregationSpec, seed: list[int]) -> Plan:
+    """Number the participants by client id and draw their graph from the round's seed."""
+    ordered = sorted(client_ids)
+    n = len(ordered)
+    k = min(n - 1, sa.neighbours) if sa.neighbours is not None else graph.neighbourhood_size(n)
+    return Plan(
+        {cid: i + 1 for i, cid in enumerate(ordered)},
+        graph.neighbours(n, seed, k),
+        k,
+        protocol.threshold(k, sa.threshold),
+    )
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    """What to do with a stage: wait, move on with `survivors`, or fail the round (`reason`)."""
+
+    action: str  # "wait" | "next" | "fail"
+    survivors: frozenset[int] = frozenset()
+    reason: str = ""
+
+
+def stage_outcome(
+    stage: str,
+    expected: set[int],
+    arrived: set[int],
+    *,
+    deadline_passed: bool,
+    t: int,
+    quorum: int,
+) -> StageOutcome:
+    """Whether the stage is over (everyone expected answered, or its deadline passed), and if so
+    whether enough clients remain to go on: at least t, and at least the quorum of masked vectors."""
+    answered = arrived & expected
+    if answered != expected and not deadline_passed:
+        return StageOutcome("wait")
+    need = max(t, quorum) if stage == "masked" else t
+    if len(answered) < need:
+        what = "the quorum and threshold" if stage == "masked" and quorum > t else "the threshold"
+        return StageOutcome(
+            "fail",
+            reason=f"secure aggregation: {len(answered)} of {len(expected)} client(s) completed the "
+            f"{stage} stage, below {what} of {need}",
+        )
+    return StageOutcome("next", frozenset(answered))
+
+
+def recipients(plan_: Plan, index: int, advertised: set[int]) -> list[int]:
+    """The neighbours a client sends envelopes to: its neighbours that advertised keys."""
+    return [j for j in plan_.neighbours[index] if j in advertised]
+
+
+def parse_keys(payload: Any) -> dict[str, str]:
+    """A client's advertisement, checked (422 if malformed)."""
+    if not isinstance(payload, dict) or set(payload) != {"encryption_key", "mask_key", "seed_commitment"}:
+        raise Invalid("keys must be an object with encryption_key, mask_key and seed_commitment")
+    try:
+        protocol.PeerKeys.from_json(payload)
+    except protocol.ProtocolError as exc:
+        raise Invalid(f"keys: {exc}") from None
+    return {k: str(v) for k, v in payload.items()}
+
+
+def parse_envelopes(payload: Any, expected: Sequence[int]) -> dict[int, bytes]:
+    """A client's envelopes {recipient number: base64}, exactly one per expected recipient."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("envelopes"), dict):
+        raise Invalid("shares must be an object {'envelopes': {recipient number: base64 envelope}}")
+    raw = payload["envelopes"]
+    try:
+        got = {int(j): base64.b64decode(str(v), validate=True) for j, v in raw.items()}
+    except (ValueError, binascii.Error):
+        raise Invalid("shares: recipient numbers must be integers and envelopes base64") from None
+    if sorted(got) != sorted(expected):
+        raise Invalid(f"shares: envelopes go to exactly the neighbours {sorted(expected)}; got {sorted(got)}")
+    if any(len(v) != shares.ENVELOPE_BYTES for v in got.values()):
+        raise Invalid(f"shares: an envelope is {shares.ENVELOPE_BYTES} bytes")
+    return got
+
+
+def parse_reveal(payload: Any, seeds_of: set[int], keys_of: set[int]) -> dict[int, dict[str, Any]]:
+    """A client's unmasking answer {sender number: {kind, share}}: a seed share for a survivor, a key
+    share for a dropped client, and only for senders it holds an envelope from."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("shares"), dict):
+        raise Invalid("unmasking must be an object {'shares': {sender number: {kind, share}}}")
+    out: dict[int, dict[str, Any]] = {}
+    for key, item in payload["shares"].items():
+        try:
+            sender = int(key)
+            kind = item["kind"]
+            value = shamir.share_from_bytes(base64.b64decode(str(item["share"]), validate=True))
+        except (ValueError, TypeError, KeyError, binascii.Error, shamir.ShamirError):
+            raise Invalid(f"unmasking: the share of {key!r} is malformed") from None
+        want = "seed" if sender in seeds_of else "key" if sender in keys_of else None
+        if want is None or kind != want:
+            raise Invalid(f"unmasking: no {kind} share of client number {sender} is asked for")
+        out[sender] = {"kind": kind, "share": value}
+    return out
+
+
+def needed_secrets(survivors: set[int], dropped_included_by: Mapping[int, Sequence[int]]) -> dict[int, str]:
+    """Number -> which secret of it the sum needs: the seed of a survivor, the key of a dropped client
+    some survivor masked with."""
+    out = {j: "seed" for j in survivors}
+    out.update({j: "key" for j, by in dropped_included_by.items() if by})
+    return out
+
+
+def missing_shares(needed: Mapping[int, str], revealed: Mapping[int, Mapping[int, int]], t: int) -> list[int]:
+    """The numbers whose needed secret has fewer than t revealed shares."""
+    return sorted(j for j in needed if len(revealed.get(j, {})) < t)
+
+
+def masked_metadata(
+    meta: Mapping[str, str], number: int, attempt: int, index: int
+) -> tuple[int, dict[str, Any]]:
+    """(weight, metrics) of a masked upload's metadata, which must name this round, attempt and client
+    number (a masked vector replayed into another attempt or by another client is refused)."""
+    if meta.get("format") != protocol.MASKED_FORMAT:
+        raise Invalid(f"metadata 'format' must be '{protocol.MASKED_FORMAT}' (got {meta.get('format')!r})")
+    for key, want in (("round", number), ("attempt", attempt), ("index", index)):
+        if meta.get(key) != str(want):
+            raise Invalid(
+                f"this masked vector was made for {key} {meta.get(key)!r}, not {want}: masks are bound to "
+                "one attempt of one round and one client"
+            )
+    try:
+        weight = int(meta.get("weight", ""))
+        metrics = json.loads(meta.get("metrics", "{}"))
+    except ValueError:
+        raise Invalid("metadata 'weight' must be an integer and 'metrics' a JSON object") from None
+    if weight < 1 or not isinstance(metrics, dict):
+        raise Invalid("metadata 'weight' must be a positive integer and 'metrics' a JSON object")
+    return weight, metrics
+
+
+def round_record(
+    sa: SecureAggregationSpec, plan_: Plan, reached: Mapping[str, Sequence[int]]
+) -> dict[str, Any]:
+    """What the round's stats say of its secure aggregation: k, t, the bound, who completed each stage
+    and who dropped where (client ids)."""
+    client_of = plan_.client_of()
+    completed = {stage: sorted(client_of[i] for i in reached.get(stage, [])) for stage in STAGES}
+    previous = set(plan_.indices.values())
+    dropped: dict[str, str] = {}
+    for stage in STAGES:
+        now = set(reached.get(stage, []))
+        if stage not in reached:
+            break
+        for i in sorted(previous - now):
+            dropped[str(client_of[i])] = stage
+        previous = now
+    return {
+        "k": plan_.k,
+        "t": plan_.t,
+        "clip": sa.clip,
+        "bits": sa.bits,
+        "error_bound": quantise.error_bound(sa.clip, sa.bits),
+        "completed": completed,
+        "dropped_at": dropped,
+    }
+
+
+def guarantees(spec: FederationSpec) -> dict[str, str]:
+    """What each privacy mechanism of the federation guarantees, in words (the ledger's statement)."""
+    out: dict[str, str] = {}
+    if spec.privacy is not None:
+        p = spec.privacy
+        dp = f"(ε = {p.epsilon}, δ = {p.delta})-DP" if p.mechanism == "gaussian" else f"ε = {p.epsilon}-DP"
+        out["local_dp"] = (
+            f"each update is {dp} per round before it leaves its client ({p.mechanism}, clip {p.clip}): against "
+            "anyone who sees it, the coordinator included, whatever else they know"
+        )
+    if spec.secure_aggregation is not None:
+        sa = spec.secure_aggregation
+        out["secure_aggregation"] = (
+            "the coordinator learns only the weighted mean of each round's surviving updates (t = "
+            f"floor({sa.threshold}·k) + 1 shares per secret), not any one update, as long as it follows the "
+            "protocol and fewer than t of a client's neighbours collude with it; the mean itself is not "
+            "noised by secure aggregation"
+            + ("; with local DP, the mean carries the sum of the clients' noise" if spec.privacy else "")
+        )
+    return out

@@ -1,0 +1,458 @@
+"""Secure aggregation's stages: a secure round's plan, what its clients post (keys, envelopes, masked
+vectors, revealed shares), the tasks that ask them for it, stage deadlines and the unmasked sum.
+
+The database holds the public keys, the envelopes (AES-GCM: the coordinator cannot open them), the
+masked vectors (in the updates table) and the revealed shares, never a client's update. Every post
+locks the federation (like a round's transitions), checks the round's stage and the client's place in
+it, stores what it carries, and moves the stage on when it completed it; the round cycle's sweep moves
+stages on at their deadlines (RoundCycle, which aggregates or fails the round).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import numpy as np
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from coordinator.db import Client, Federation, Participant, Round, SecaggMessage, SecaggRound, Update
+from coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound
+from coordinator.logic import secagg as rules
+from coordinator.logic.aggregation import AggregationError
+from coordinator.logic.uploads import UploadResult
+from coordinator.store import Store
+from shared import wire
+from shared.secagg import protocol, quantise, shamir
+from shared.spec import FederationSpec
+
+
+class SecureRounds:
+    """The stages of secure rounds, over the store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # -- the round cycle's side -----------------------------------------------------------------
+
+    def start(self, s: Session, spec: FederationSpec, rnd: Round, chosen: list[int]) -> None:
+        """Plan a secure round that was just opened: numbers, graph, threshold; the keys stage."""
+        assert spec.secure_aggregation is not None
+        plan = rules.plan(chosen, spec.secure_aggregation, [spec.seed, rnd.number, rnd.attempt, 0x5EC])
+        rnd.deadline_at = rnd.opened_at + spec.secure_aggregation.stage_deadline_s
+        s.add(
+            SecaggRound(
+                round_id=rnd.id, stage="keys", plan=plan.as_json(), reached={}, stage_started_at=rnd.opened_at
+            )
+        )
+
+    def progress(self, s: Session, fed: Federation, rnd: Round, spec: FederationSpec) -> rules.StageOutcome:
+        """Move the round's stages on as far as their answers and deadlines allow (lock held). Answers
+        "next" once the unmasking stage is over (aggregate now), "fail" with the reason, or "wait"."""
+        sa_row = self._row(s, rnd.id)
+        assert spec.secure_aggregation is not None
+        plan = rules.Plan.from_json(sa_row.plan)
+        now = self.store.clock()
+        while sa_row.stage in rules.STAGES:
+            stage = sa_row.stage
+            expected = self._expected(sa_row, plan)
+            arrived = self._arrived(s, rnd.id, stage, plan)
+            outcome = rules.stage_outcome(
+                stage,
+                expected,
+                arrived,
+                deadline_passed=rnd.deadline_at <= now,
+                t=plan.t,
+                quorum=spec.quorum,
+            )
+            if outcome.action == "wait":
+                return outcome
+            reached = dict(sa_row.reached)
+            if outcome.action == "next":
+                reached[stage] = sorted(outcome.survivors)
+            sa_row.reached = reached
+            if outcome.action == "fail":
+                sa_row.stage = "failed"
+                return outcome
+            if stage == "unmask":
+                missing = self._missing(s, rnd.id, plan, reached)
+                if missing:
+                    sa_row.stage = "failed"
+                    client_of = plan.client_of()
+                    return rules.StageOutcome(
+                        "fail",
+                        reason="secure aggregation: fewer than t = "
+                        f"{plan.t} shares arrived for the secrets of clients {[client_of[j] for j in missing]}",
+                    )
+                sa_row.stage = "done"
+                return outcome
+            sa_row.stage = rules.NEXT[stage]
+            sa_row.stage_started_at = now
+            span = (
+                spec.round_deadline_s
+                if sa_row.stage == "masked"
+                else spec.secure_aggregation.stage_deadline_s
+            )
+            rnd.deadline_at = now + span
+            fed.updated_at = now  # wakes the long-polls: the next stage has tasks
+            self.store.event(
+                s,
+                fed.id,
+                "secagg_stage",
+                f"round {rnd.number}: {len(outcome.survivors)} of {len(expected)} client(s) completed the "
+                f"{stage} stage; {sa_row.stage} stage until {rnd.deadline_at:.0f}",
+                rnd.number,
+            )
+        return rules.StageOutcome("wait")
+
+    def aggregate(
+        self, s: Session, spec: FederationSpec, rnd: Round, base: dict[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The round's new prompt (base + the weighted mean of the survivors' updates, decoded from the
+        unmasked sum) and the stats' record of the secure aggregation."""
+        sa = spec.secure_aggregation
+        assert sa is not None
+        sa_row = self._row(s, rnd.id)
+        plan = rules.Plan.from_json(sa_row.plan)
+        survivors = set(sa_row.reached["masked"])
+        shapes = spec.tensor_shapes()
+        length = sum(int(np.prod(shape)) for shape in shapes.values())
+        total = np.zeros(length, dtype=np.uint64)
+        weight_total = 0
+        for client_id, blob, weight in s.execute(
+            select(Update.client_id, Update.blob, Update.num_samples).where(Update.round_id == rnd.id)
+        ):
+            if plan.indices[client_id] in survivors:
+                total = total + protocol.decode_masked(blob, length)
+                weight_total += int(weight)
+        context = protocol.round_context(rnd.federation_id, rnd.number, rnd.attempt)
+        keys = self._keys(s, rnd.id, plan)
+        included = self._included_by(s, rnd.id, plan, sa_row.reached)
+        revealed = self._revealed(s, rnd.id, plan)
+        try:
+            summed = protocol.unmasked_sum(
+                total, sorted(survivors), included, revealed, keys, plan.t, context
+            )
+            mean = quantise.weighted_mean(summed, weight_total, sa.clip, sa.bits)
+        except (protocol.ProtocolError, shamir.ShamirError, quantise.QuantisationError) as exc:
+            raise AggregationError(f"secure aggregation: {exc}") from None
+        flat_base = protocol.flatten(base, shapes)
+        tensors = protocol.unflatten(flat_base + mean, shapes)
+        record = rules.round_record(sa, plan, sa_row.reached)
+        record["weight_total"] = weight_total
+        record["guarantees"] = rules.guarantees(spec)
+        return tensors, record
+
+    def task(
+        self, s: Session, fid: int, rnd: Any, client_id: int, spec: FederationSpec
+    ) -> dict[str, Any] | None:
+        """The client's secure-aggregation task in the open round, if its stage asks it for something:
+        keys or shares or unmasking ({"kind": "secagg"}), or training and a masked upload (the train
+        task's "secure_aggregation")."""
+        sa_row = s.get(SecaggRound, rnd.id)
+        if sa_row is None:
+            return None
+        plan = rules.Plan.from_json(sa_row.plan)
+        own = plan.indices.get(client_id)
+        if own is None:
+            return None
+        stage = sa_row.stage
+        reached = sa_row.reached
+        if stage != "keys" and own not in reached.get(self._before(stage), []):
+            return None
+        posted = s.scalar(
+            select(SecaggMessage.id)
+            .where(
+                SecaggMessage.round_id == rnd.id,
+                SecaggMessage.stage == stage,
+                SecaggMessage.sender_id == client_id,
+            )
+            .limit(1)
+        )
+        if stage == "masked":
+            posted = s.scalar(
+                select(Update.id).where(Update.round_id == rnd.id, Update.client_id == client_id)
+            )
+        if posted is not None or stage in ("done", "failed"):
+            return None
+        sa = spec.secure_aggregation
+        assert sa is not None
+        base = {
+            "kind": "secagg",
+            "stage": stage,
+            "round": rnd.number,
+            "attempt": rnd.attempt,
+            "version": rnd.base_version,
+            "index": own,
+            "t": plan.t,
+            "deadline_at": rnd.deadline_at,
+        }
+        if stage == "keys":
+            return base
+        keys = self._keys(s, rnd.id, plan)
+        if stage == "shares":
+            peers = rules.recipients(plan, own, set(reached["keys"]))
+            return {**base, "neighbours": {str(j): self._keys_json(keys[j]) for j in peers}}
+        envelopes = self._envelopes_to(s, rnd.id, plan, client_id)
+        peers = {str(j): self._keys_json(keys[j]) for j in envelopes}
+        env = {str(j): base64.b64encode(e).decode() for j, e in envelopes.items()}
+        if stage == "masked":
+            return {
+                **base,
+                "envelopes": env,
+                "peers": peers,
+                "clip": sa.clip,
+                "bits": sa.bits,
+            }
+        survivors = reached["masked"]
+        dropped = sorted(set(reached["shares"]) - set(survivors))
+        return {**base, "envelopes": env, "peers": peers, "survivors": survivors, "dropped": dropped}
+
+    # -- what clients post ----------------------------------------------------------------------
+
+    def post(self, fid: int, number: int, client: Client, stage: str, payload: Any) -> dict[str, Any]:
+        """Store a client's keys, envelopes or revealed shares for the open round's current stage; an
+        identical repeat is answered the same, a different one refused (409). The caller settles the
+        round afterwards (RoundCycle.settle)."""
+        with self.store.tx() as s:
+            fed = self.store.lock_federation(s, fid)
+            spec = self.store.spec_of(fed)
+            rnd, sa_row, plan, own = self._place(s, fid, number, client, spec)
+            reached = sa_row.reached
+            if stage == "keys":
+                rows = {0: json.dumps(rules.parse_keys(payload), sort_keys=True).encode()}
+            elif stage == "shares":
+                if own not in reached.get("keys", []):
+                    raise self._not_now(stage, sa_row.stage, number)
+                expected = rules.recipients(plan, own, set(reached["keys"]))
+                client_of = plan.client_of()
+                rows = {client_of[j]: e for j, e in rules.parse_envelopes(payload, expected).items()}
+            elif stage == "unmask":
+                if own not in reached.get("masked", []):
+                    raise self._not_now(stage, sa_row.stage, number)
+                senders = set(self._senders_to(s, rnd.id, plan, client.id))
+                survivors = set(reached["masked"])
+                dropped = set(reached["shares"]) - survivors
+                parsed = rules.parse_reveal(payload, senders & survivors, senders & dropped)
+                rows = {
+                    0: json.dumps(
+                        {str(j): {"kind": v["kind"], "share": str(v["share"])} for j, v in parsed.items()},
+                        sort_keys=True,
+                    ).encode()
+                }
+            else:
+                raise NotFound(f"no secure aggregation stage '{stage}'")
+            existing = {
+                m.recipient_id: m.payload
+                for m in s.scalars(
+                    select(SecaggMessage).where(
+                        SecaggMessage.round_id == rnd.id,
+                        SecaggMessage.stage == stage,
+                        SecaggMessage.sender_id == client.id,
+                    )
+                )
+            }
+            if existing:
+                if existing == rows:
+                    return {"round": number, "attempt": rnd.attempt, "stage": stage, "stored": False}
+                raise Conflict(
+                    f"client {client.id} already sent different {stage} for round {number}; they cannot be replaced"
+                )
+            if sa_row.stage != stage:
+                raise self._not_now(stage, sa_row.stage, number)
+            now = self.store.clock()
+            s.add_all(
+                SecaggMessage(
+                    round_id=rnd.id,
+                    stage=stage,
+                    sender_id=client.id,
+                    recipient_id=r,
+                    payload=p,
+                    created_at=now,
+                )
+                for r, p in rows.items()
+            )
+            return {"round": number, "attempt": rnd.attempt, "stage": stage, "stored": True}
+
+    def upload_masked(self, fid: int, number: int, client: Client, body: bytes) -> UploadResult:
+        """Store a client's masked vector (the masked stage's answer). An identical re-send is answered
+        200; a different vector from the same client, one made for another attempt, round or client, or
+        one outside the masked stage is refused. The caller settles the round afterwards."""
+        digest = wire.sha256(body)
+        with self.store.tx() as s:
+            fed = self.store.lock_federation(s, fid)
+            spec = self.store.spec_of(fed)
+            attempts = s.scalars(
+                select(Round)
+                .where(Round.federation_id == fid, Round.number == number)
+                .order_by(Round.attempt.desc())
+            ).all()
+            for r in attempts:
+                held = s.execute(
+                    select(Update.sha256, Update.num_samples, Update.size).where(
+                        Update.round_id == r.id, Update.client_id == client.id
+                    )
+                ).first()
+                if held is not None and held.sha256 == digest:
+                    if r.state == "failed":
+                        raise Conflict(
+                            f"this masked vector was made for attempt {r.attempt} of round {number}, which "
+                            "failed; its masks are bound to that attempt"
+                        )
+                    return UploadResult(number, r.attempt, client.id, digest, held.num_samples, held.size)
+                if held is not None and r.state == "open":
+                    raise Conflict(
+                        f"client {client.id} already uploaded a different masked vector for round {number}; "
+                        "it cannot be replaced"
+                    )
+            rnd, sa_row, plan, own = self._place(s, fid, number, client, spec)
+            if sa_row.stage != "masked" or own not in sa_row.reached.get("shares", []):
+                raise self._not_now("masked", sa_row.stage, number)
+            try:
+                meta = wire.read_metadata(body)
+                length = sum(int(np.prod(shape)) for shape in spec.tensor_shapes().values())
+                protocol.decode_masked(body, length)
+            except (wire.WireError, protocol.ProtocolError) as exc:
+                raise Invalid(str(exc)) from None
+            weight, metrics = rules.masked_metadata(meta, number, rnd.attempt, own)
+            enrolled = s.scalar(select(Client.num_samples).where(Client.id == client.id)) or 1
+            if weight > max(enrolled, 1):
+                raise Invalid(
+                    f"weight {weight} exceeds the {enrolled} samples client {client.id} enrolled with"
+                )
+            s.add(
+                Update(
+                    round_id=rnd.id,
+                    client_id=client.id,
+                    blob=body,
+                    sha256=digest,
+                    num_samples=weight,
+                    metrics={k: v for k, v in metrics.items() if isinstance(v, int | float)},
+                    size=len(body),
+                    created_at=self.store.clock(),
+                )
+            )
+            return UploadResult(
+                number, rnd.attempt, client.id, digest, weight, len(body), created=True, round_complete=True
+            )
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def _place(
+        self, s: Session, fid: int, number: int, client: Client, spec: FederationSpec
+    ) -> tuple[Round, SecaggRound, rules.Plan, int]:
+        if spec.secure_aggregation is None:
+            raise NotFound(f"federation {fid} does not use secure aggregation")
+        rnd = self.store.open_round(s, fid)
+        if rnd is None or rnd.number != number:
+            raise Gone(f"round {number} is not open" + (f"; round {rnd.number} is" if rnd else ""))
+        if s.scalar(select(Client.revoked_at).where(Client.id == client.id)) is not None:
+            raise Forbidden(f"client {client.id} was revoked by the operator")
+        selected = s.scalar(
+            select(Participant.id).where(Participant.round_id == rnd.id, Participant.client_id == client.id)
+        )
+        sa_row = s.get(SecaggRound, rnd.id)
+        if selected is None or sa_row is None:
+            raise Forbidden(f"client {client.id} was not selected for round {number}")
+        plan = rules.Plan.from_json(sa_row.plan)
+        return rnd, sa_row, plan, plan.indices[client.id]
+
+    @staticmethod
+    def _not_now(stage: str, current: str, number: int) -> Conflict:
+        return Conflict(
+            f"round {number} is in its {current} stage; {stage} are not taken from this client now"
+        )
+
+    @staticmethod
+    def _before(stage: str) -> str:
+        return {"shares": "keys", "masked": "shares", "unmask": "masked"}.get(stage, "keys")
+
+    def _row(self, s: Session, round_id: int) -> SecaggRound:
+        row = s.get(SecaggRound, round_id)
+        if row is None:
+            raise Conflict(f"round attempt {round_id} has no secure aggregation plan")
+        return row
+
+    def _expected(self, sa_row: SecaggRound, plan: rules.Plan) -> set[int]:
+        if sa_row.stage == "keys":
+            return set(plan.indices.values())
+        return set(sa_row.reached[self._before(sa_row.stage)])
+
+    def _arrived(self, s: Session, round_id: int, stage: str, plan: rules.Plan) -> set[int]:
+        if stage == "masked":
+            ids = s.scalars(select(Update.client_id).where(Update.round_id == round_id)).all()
+        else:
+            ids = s.scalars(
+                select(SecaggMessage.sender_id)
+                .where(SecaggMessage.round_id == round_id, SecaggMessage.stage == stage)
+                .distinct()
+            ).all()
+        return {plan.indices[c] for c in ids if c in plan.indices}
+
+    def _keys(self, s: Session, round_id: int, plan: rules.Plan) -> dict[int, protocol.PeerKeys]:
+        rows = s.execute(
+            select(SecaggMessage.sender_id, SecaggMessage.payload).where(
+                SecaggMessage.round_id == round_id, SecaggMessage.stage == "keys"
+            )
+        ).all()
+        return {plan.indices[c]: protocol.PeerKeys.from_json(json.loads(p)) for c, p in rows}
+
+    @staticmethod
+    def _keys_json(keys: protocol.PeerKeys) -> dict[str, str]:
+        return {
+            "encryption_key": protocol.b64(keys.encryption_key),
+            "mask_key": protocol.b64(keys.mask_key),
+            "seed_commitment": keys.seed_commitment,
+        }
+
+    def _envelopes_to(self, s: Session, round_id: int, plan: rules.Plan, client_id: int) -> dict[int, bytes]:
+        rows = s.execute(
+            select(SecaggMessage.sender_id, SecaggMessage.payload).where(
+                SecaggMessage.round_id == round_id,
+                SecaggMessage.stage == "shares",
+                SecaggMessage.recipient_id == client_id,
+            )
+        ).all()
+        return {plan.indices[c]: p for c, p in rows}
+
+    def _senders_to(self, s: Session, round_id: int, plan: rules.Plan, client_id: int) -> list[int]:
+        return sorted(self._envelopes_to(s, round_id, plan, client_id))
+
+    def _included_by(
+        self, s: Session, round_id: int, plan: rules.Plan, reached: dict[str, list[int]]
+    ) -> dict[int, list[int]]:
+        """Each dropped client (shared, no masked vector) -> the survivors that masked with it."""
+        survivors = set(reached["masked"])
+        dropped = set(reached["shares"]) - survivors
+        client_of = plan.client_of()
+        out: dict[int, list[int]] = {j: [] for j in dropped}
+        for sender, recipient in s.execute(
+            select(SecaggMessage.sender_id, SecaggMessage.recipient_id).where(
+                SecaggMessage.round_id == round_id,
+                SecaggMessage.stage == "shares",
+                SecaggMessage.sender_id.in_([client_of[j] for j in dropped]),
+            )
+        ):
+            i = plan.indices.get(recipient)
+            if i in survivors:
+                out[plan.indices[sender]].append(i)
+        return {j: sorted(v) for j, v in out.items()}
+
+    def _revealed(self, s: Session, round_id: int, plan: rules.Plan) -> dict[int, dict[int, int]]:
+        revealed: dict[int, dict[int, int]] = {}
+        for holder, payload in s.execute(
+            select(SecaggMessage.sender_id, SecaggMessage.payload).where(
+                SecaggMessage.round_id == round_id, SecaggMessage.stage == "unmask"
+            )
+        ):
+            for sender, item in json.loads(payload).items():
+                revealed.setdefault(int(sender), {})[plan.indices[holder]] = int(item["share"])
+        return revealed
+
+    def _missing(
+        self, s: Session, round_id: int, plan: rules.Plan, reached: dict[str, list[int]]
+    ) -> list[int]:
+        needed = rules.needed_secrets(set(reached["masked"]), self._included_by(s, round_id, plan, reached))
+        return rules.missing_shares(needed, self._revealed(s, round_id, plan), plan.t)

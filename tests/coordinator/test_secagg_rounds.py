@@ -1,0 +1,205 @@
+"""Secure rounds through the API (in process, both backends): the aggregate equals FedAvg of the
+clients' updates within the quantisation bound, dropouts at every stage, fewer than t survivors fail
+the round and it is retried with a fresh selection, replayed and altered masked uploads are refused,
+and nothing stored is a client's update."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from coordinator.app import create_app
+from coordinator.config import Settings
+from coordinator.db import SecaggMessage, Update, make_engine, make_sessionmaker
+from coordinator.migrate import upgrade
+from shared import wire
+from shared.secagg import protocol, quantise
+from shared.spec import FederationSpec, initial_prompt
+from tests.coordinator.conftest import FakeClock
+from tests.helpers import ADMIN, ADMIN_AUTH, SMALL_SPEC
+from tests.secagg_clients import ScriptedClient, close_to_any
+
+N = 10
+SA = {"clip": 1.0, "bits": 20, "threshold": 0.5, "stage_deadline_s": 30}
+SPEC: dict[str, Any] = {
+    **SMALL_SPEC,
+    "min_clients": N,
+    "rounds": 2,
+    "round_deadline_s": 60,
+    "secure_aggregation": SA,
+}
+
+
+@pytest.fixture
+def secure_api(db_url: str, tmp_path) -> Iterator[tuple[TestClient, FakeClock]]:  # type: ignore[no-untyped-def]
+    upgrade(db_url)
+    settings = Settings(database_url=db_url, admin_token=ADMIN, data_dir=tmp_path)
+    clock = FakeClock()
+    with TestClient(create_app(settings, sweep=False)) as client:
+        client.app.state.service.clock = clock
+        yield client, clock
+
+
+def _federation(
+    api: TestClient, n: int = N, spec: dict[str, Any] | None = None
+) -> tuple[int, list[ScriptedClient]]:
+    fid = api.post("/api/v1/federations", json=spec or SPEC, headers=ADMIN_AUTH).json()["id"]
+    enrol = api.post(f"/api/v1/federations/{fid}/enrollment-tokens", json={}, headers=ADMIN_AUTH).json()[
+        "token"
+    ]
+    rng = np.random.default_rng(fid)
+    clients = []
+    for i in range(n):
+        weight = int(rng.integers(1, 50))
+        got = api.post(
+            f"/api/v1/federations/{fid}/clients",
+            json={"name": f"site-{i}", "num_samples": weight},
+            headers={"Authorization": f"Bearer {enrol}"},
+        ).json()
+        clients.append(
+            ScriptedClient(
+                api, fid, got["client_id"], got["token"], rng.uniform(-0.4, 0.4, 32), weight, seed=i
+            )
+        )
+    return fid, clients
+
+
+def _drive(api: TestClient, clients: list[ScriptedClient], fid: int, clock: FakeClock, *, until: int) -> None:
+    """Let the clients answer until `until` versions exist; move the clock past deadlines when idle."""
+    for _ in range(200):
+        if api.get(f"/api/v1/federations/{fid}", headers=ADMIN_AUTH).json()["latest_version"] >= until:
+            return
+        if not any([c.step() is not None for c in clients]):
+            clock.advance(61)
+            api.app.state.service.sweep()
+    raise AssertionError("the federation did not reach the version")
+
+
+def _version(api: TestClient, fid: int, version: int) -> np.ndarray:
+    blob = api.get(f"/api/v1/federations/{fid}/prompts/{version}", headers=ADMIN_AUTH).content
+    tensors, _ = wire.decode(blob)
+    return protocol.flatten(tensors, FederationSpec.model_validate(SPEC).tensor_shapes())
+
+
+def _expected(api: TestClient, fid: int, survivors: list[ScriptedClient]) -> np.ndarray:
+    base = _version(api, fid, 0)
+    total = sum(c.weight for c in survivors)
+    return base + sum(c.weight * c.update for c in survivors) / total
+
+
+def _rounds(api: TestClient, fid: int) -> list[dict[str, Any]]:
+    return api.get(f"/api/v1/federations/{fid}/rounds", headers=ADMIN_AUTH).json()
+
+
+def test_secure_round_equals_fedavg_and_stores_no_update(secure_api, db_url: str) -> None:  # type: ignore[no-untyped-def]
+    api, clock = secure_api
+    fid, clients = _federation(api)
+    _drive(api, clients, fid, clock, until=1)
+    got = _version(api, fid, 1)
+    bound = quantise.error_bound(SA["clip"], SA["bits"])
+    assert np.abs(got - _expected(api, fid, clients)).max() <= bound + 1e-6  # float32 storage
+    record = _rounds(api, fid)[0]["stats"]["secure_aggregation"]
+    assert record["k"] == 8 and record["t"] == 5 and record["dropped_at"] == {}
+    assert record["completed"]["masked"] == sorted(c.client_id for c in clients)
+    # every stored blob: masked vectors and envelopes, none equal or close to an update
+    engine = make_engine(db_url)
+    with make_sessionmaker(engine)() as s:
+        blobs = [b for (b,) in s.execute(select(Update.blob))] + [
+            p for (p,) in s.execute(select(SecaggMessage.payload))
+        ]
+    engine.dispose()
+    updates = [c.update for c in clients] + [
+        initial_prompt(FederationSpec.model_validate(SPEC))["prompt_embeddings"].ravel() + c.update
+        for c in clients
+    ]
+    for blob in blobs:
+        assert not close_to_any(blob, updates)
+    assert close_to_any(wire.encode({"prompt_embeddings": clients[0].update.reshape(4, 8)}), updates)
+
+
+def test_dropouts_at_every_stage(secure_api) -> None:  # type: ignore[no-untyped-def]
+    api, clock = secure_api
+    fid, clients = _federation(api)
+    clients[1].stop_after = "keys"
+    clients[4].stop_after = "shares"
+    clients[7].stop_after = "masked"
+    _drive(api, clients, fid, clock, until=1)
+    survivors = [c for i, c in enumerate(clients) if i not in (1, 4)]
+    got = _version(api, fid, 1)
+    assert np.abs(got - _expected(api, fid, survivors)).max() <= quantise.error_bound(1.0, 20) + 1e-6
+    record = _rounds(api, fid)[0]["stats"]["secure_aggregation"]
+    assert record["dropped_at"] == {
+        str(clients[1].client_id): "shares",
+        str(clients[4].client_id): "masked",
+        str(clients[7].client_id): "unmask",
+    }
+
+
+def test_fewer_than_t_fails_and_is_retried(secure_api) -> None:  # type: ignore[no-untyped-def]
+    api, clock = secure_api
+    fid, clients = _federation(api)
+    for c in clients[:6]:
+        c.stop_after = "shares"  # 4 masked vectors, t = 5
+    for _ in range(30):
+        if not any([c.step() is not None for c in clients]):
+            break
+    clock.advance(61)
+    api.app.state.service.sweep()
+    rounds = _rounds(api, fid)
+    assert [(r["round"], r["attempt"], r["state"]) for r in rounds][:2] == [(1, 1, "failed"), (1, 2, "open")]
+    assert "below the threshold of 5" in rounds[0]["failure_reason"]
+    for c in clients:
+        c.stop_after = None
+    _drive(api, clients, fid, clock, until=1)
+    assert (
+        np.abs(_version(api, fid, 1) - _expected(api, fid, clients)).max()
+        <= quantise.error_bound(1.0, 20) + 1e-6
+    )
+
+
+def test_replayed_and_altered_masked_uploads_are_refused(secure_api) -> None:  # type: ignore[no-untyped-def]
+    api, clock = secure_api
+    fid, clients = _federation(api)
+    _drive(api, clients, fid, clock, until=1)
+    first = clients[0]
+    body = first.last_masked
+    assert body is not None
+    url = f"/api/v1/federations/{fid}/rounds/1/update"
+    # the same body again for round 1: acknowledged, not stored twice
+    assert api.put(url, content=body, headers=first.headers).status_code == 200
+    # replayed into round 2 (its keys stage): refused
+    again = api.put(f"/api/v1/federations/{fid}/rounds/2/update", content=body, headers=first.headers)
+    assert again.status_code == 409, again.text
+    # played through to round 2's masked stage, a replay of round 1's vector names the wrong round
+    for _ in range(10):
+        for c in clients:
+            if c is not first:
+                c.step()
+        task = api.get(f"/api/v1/federations/{fid}/task", headers=first.headers).json()
+        if task["kind"] == "train":
+            break
+        first.step()
+    refused = api.put(f"/api/v1/federations/{fid}/rounds/2/update", content=body, headers=first.headers)
+    assert refused.status_code == 422 and "round" in refused.json()["detail"]
+    first.step()  # its real masked vector for round 2
+    altered = bytearray(first.last_masked or b"")
+    altered[-1] ^= 1
+    answer = api.put(
+        f"/api/v1/federations/{fid}/rounds/2/update", content=bytes(altered), headers=first.headers
+    )
+    assert answer.status_code == 409, answer.text
+
+
+def test_robust_rule_with_secure_aggregation_is_refused(secure_api) -> None:  # type: ignore[no-untyped-def]
+    api, _ = secure_api
+    answer = api.post(
+        "/api/v1/federations", json={**SPEC, "aggregation": {"name": "median"}}, headers=ADMIN_AUTH
+    )
+    assert answer.status_code == 422
+    assert answer.headers["content-type"].startswith("application/problem+json")
+    assert "robust rule needs each update" in answer.json()["detail"]

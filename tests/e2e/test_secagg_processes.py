@@ -1,0 +1,248 @@
+"""Secure aggregation between real processes: a `fedprompt-coordinator serve` on a loopback port, and
+as clients scripted sites over real HTTP (which know their updates, for the numpy check, and stop
+answering after a chosen stage) and a `fedprompt-worker pool` process serving real MiniLM clients."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from sqlalchemy import select
+
+from coordinator.db import SecaggMessage, Update, make_engine, make_sessionmaker
+from shared import wire
+from shared.client import CoordinatorClient
+from shared.secagg import protocol, quantise
+from shared.spec import FederationSpec
+from tests.helpers import (
+    ADMIN,
+    ADMIN_AUTH,
+    SMALL_SPEC,
+    coordinator_process,
+    free_port,
+    stop_all,
+    wait_for,
+    worker_cmd,
+)
+from tests.secagg_clients import ScriptedClient, close_to_any
+
+pytestmark = pytest.mark.slow
+
+SA = {"clip": 1.0, "bits": 20, "threshold": 0.5, "stage_deadline_s": 4}
+
+
+def _enrol(
+    http: httpx.Client, fid: int, names: list[str], rng: np.random.Generator, size: int
+) -> list[ScriptedClient]:
+    token = http.post(f"/api/v1/federations/{fid}/enrollment-tokens", json={}, headers=ADMIN_AUTH).json()[
+        "token"
+    ]
+    out = []
+    for i, name in enumerate(names):
+        weight = int(rng.integers(1, 60))
+        got = http.post(
+            f"/api/v1/federations/{fid}/clients",
+            json={"name": name, "num_samples": weight},
+            headers={"Authorization": f"Bearer {token}"},
+        ).json()
+        out.append(
+            ScriptedClient(
+                http, fid, got["client_id"], got["token"], rng.uniform(-0.3, 0.3, size), weight, seed=i
+            )
+        )
+    return out
+
+
+def _run(clients: list[ScriptedClient], stop: threading.Event) -> threading.Thread:
+    def loop() -> None:
+        while not stop.is_set():
+            if not any([c.step() is not None for c in clients]):
+                time.sleep(0.1)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return thread
+
+
+def _flat(http: httpx.Client, fid: int, version: int, spec: FederationSpec) -> np.ndarray:
+    blob = http.get(f"/api/v1/federations/{fid}/prompts/{version}", headers=ADMIN_AUTH).content
+    return protocol.flatten(wire.decode(blob)[0], spec.tensor_shapes())
+
+
+def _stored_blobs(db: str) -> list[bytes]:
+    engine = make_engine(db)
+    with make_sessionmaker(engine)() as s:
+        blobs = [b for (b,) in s.execute(select(Update.blob))]
+        blobs += [p for (p,) in s.execute(select(SecaggMessage.payload))]
+    engine.dispose()
+    return blobs
+
+
+def test_secure_federation_of_ten_scripted_sites(tmp_path: Path) -> None:
+    """10 sites: the aggregate is numpy FedAvg of their updates within the bound; nothing stored is
+    close to an update; round 2 with fewer than t masked vectors fails and is retried; a replayed or
+    altered masked upload is refused."""
+    db = f"sqlite:///{tmp_path / 'secagg.db'}"
+    spec_json = {
+        **SMALL_SPEC,
+        "min_clients": 10,
+        "rounds": 2,
+        "round_deadline_s": 3,
+        "secure_aggregation": SA,
+    }
+    spec = FederationSpec.model_validate(spec_json)
+    with coordinator_process(db, tmp_path) as (url, _), httpx.Client(base_url=url, timeout=30) as http:
+        fid = http.post("/api/v1/federations", json=spec_json, headers=ADMIN_AUTH).json()["id"]
+        clients = _enrol(http, fid, [f"site-{i}" for i in range(10)], np.random.default_rng(0), 32)
+        for c in clients[:6]:
+            c.stop_after, c.stop_round = "shares", 2  # round 2, attempt 1: 4 masked vectors, t = 5
+        stop = threading.Event()
+        thread = _run(clients, stop)
+        admin = CoordinatorClient(url, ADMIN)
+        wait_for(lambda: admin.federation(fid)["latest_version"] >= 1, 30, "round 1")
+        total = sum(c.weight for c in clients)
+        expected = _flat(http, fid, 0, spec) + sum(c.weight * c.update for c in clients) / total
+        got = _flat(http, fid, 1, spec)
+        assert np.abs(got - expected).max() <= quantise.error_bound(1.0, 20) + 1e-6
+        wait_for(lambda: any(r["state"] == "failed" for r in admin.rounds(fid)), 30, "round 2 to fail")
+        stop.set()
+        thread.join(10)
+        failed = next(r for r in admin.rounds(fid) if r["state"] == "failed")
+        assert failed["round"] == 2 and "masked stage, below the threshold of 5" in failed["failure_reason"]
+        # replays into round 2's retry: round 1's masked vector, and the failed attempt's
+        site = clients[9]
+        for body in (site.masked[(1, 1)], site.masked[(2, 1)]):
+            replay = http.put(
+                f"/api/v1/federations/{fid}/rounds/2/update", content=body, headers=site.headers
+            )
+            assert replay.status_code in (409, 422), replay.text
+        for c in clients:
+            c.stop_after = None
+        stop = threading.Event()
+        thread = _run(clients, stop)
+        wait_for(lambda: admin.federation(fid)["state"] == "completed", 40, "round 2's retry")
+        stop.set()
+        thread.join(10)
+        # an altered copy of an accepted masked vector is refused, the same bytes acknowledged
+        last = clients[9]
+        assert last.last_masked is not None
+        same = http.put(
+            f"/api/v1/federations/{fid}/rounds/2/update", content=last.last_masked, headers=last.headers
+        )
+        assert same.status_code == 200
+        rounds = admin.rounds(fid)
+        assert [(r["round"], r["attempt"], r["state"]) for r in rounds] == [
+            (1, 1, "closed"),
+            (2, 1, "failed"),
+            (2, 2, "closed"),
+        ]
+    plain = wire.encode({"prompt_embeddings": clients[0].update.reshape(4, 8)})
+    assert close_to_any(plain, [clients[0].update])  # the check finds an update stored in the clear
+    for blob in _stored_blobs(db):
+        assert not close_to_any(blob, [c.update for c in clients]), "a stored blob holds a client's update"
+
+
+def _pool_file(path: Path, url: str, fid: int, token: str, n: int, workdir: Path) -> Path:
+    clients = [
+        {
+            "name": f"pool-{i}",
+            "state_dir": str(workdir / f"client-{i}"),
+            "data": "sst2",
+            "num_partitions": n,
+            "partition_id": i,
+            "train_limit": 80,
+            "eval_limit": 16,
+        }
+        for i in range(n)
+    ]
+    config = {"coordinator": url, "federation": fid, "enrollment_token": token, "threads": 1, "poll_wait": 1}
+    path.write_text(json.dumps({**config, "clients": clients}))
+    return path
+
+
+def test_pool_workers_with_sites_dropping_at_each_stage(tmp_path: Path) -> None:
+    """7 MiniLM clients of one pool process and 3 scripted sites that stop after their keys, after their
+    shares and after their masked upload: the round completes with the 8 masked vectors, the stats say
+    who dropped where, and the database holds only masked vectors."""
+    db = f"sqlite:///{tmp_path / 'pool.db'}"
+    spec_json: dict[str, Any] = {
+        "name": "secure-pool",
+        "max_length": 32,
+        "batch_size": 4,
+        "lr": 0.01,
+        "local_steps": 2,
+        "min_clients": 10,
+        "fraction": 1.0,
+        "rounds": 1,
+        "round_deadline_s": 5,
+        "secure_aggregation": {**SA, "stage_deadline_s": 3},
+    }
+    procs: list[subprocess.Popen] = []
+    with coordinator_process(db, tmp_path) as (url, _), httpx.Client(base_url=url, timeout=30) as http:
+        admin = CoordinatorClient(url, ADMIN)
+        fid = admin.create_federation(spec_json)["id"]
+        token = admin.create_enrollment_token(fid, max_uses=7)
+        port = free_port()
+        log = open(tmp_path / "pool.log", "ab")  # noqa: SIM115 - owned by the process
+        config = _pool_file(tmp_path / "pool.json", url, fid, token, 7, tmp_path)
+        procs.append(
+            subprocess.Popen(
+                [*worker_cmd(), "pool", "--config", str(config), "--port", str(port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+        pool_url = f"http://127.0.0.1:{port}"
+
+        def ready() -> bool:
+            try:
+                status = httpx.get(f"{pool_url}/status", timeout=2).json()
+            except httpx.HTTPError:
+                return False
+            return len(status["clients"]) == 7 and all(c["state"] == "idle" for c in status["clients"])
+
+        try:
+            wait_for(ready, 120, "the pool's clients to load the model")
+            spec = FederationSpec.model_validate(admin.spec(fid))
+            size = sum(int(np.prod(s)) for s in spec.tensor_shapes().values())
+            sites = _enrol(
+                http, fid, ["keys-only", "shares-only", "masked-only"], np.random.default_rng(1), size
+            )
+            for site, stage in zip(sites, ("keys", "shares", "masked"), strict=True):
+                site.stop_after = stage
+            stop = threading.Event()
+            thread = _run(sites, stop)
+            wait_for(lambda: admin.federation(fid)["state"] == "completed", 120, "the secure round")
+            stop.set()
+            thread.join(10)
+            status = httpx.get(f"{pool_url}/status", timeout=5).json()
+            assert all(c["rounds_trained"] == [1] for c in status["clients"])
+        finally:
+            stop_all(procs)
+            log.close()
+        rounds = admin.rounds(fid)
+        assert [(r["round"], r["state"]) for r in rounds] == [(1, "closed")]
+        record = rounds[0]["stats"]["secure_aggregation"]
+        assert record["dropped_at"] == {
+            str(sites[0].client_id): "shares",
+            str(sites[1].client_id): "masked",
+            str(sites[2].client_id): "unmask",
+        }
+        assert len(record["completed"]["masked"]) == 8
+        base, new = _flat(http, fid, 0, spec), _flat(http, fid, 1, spec)
+        assert 0 < np.abs(new - base).max() <= 1.0 + 1e-6  # a mean of updates clipped to [-1, 1]
+    for blob in _stored_blobs(db):
+        assert not close_to_any(blob, [s.update for s in sites])
+    engine = make_engine(db)
+    with make_sessionmaker(engine)() as s:
+        for (blob,) in s.execute(select(Update.blob)):
+            assert wire.read_metadata(blob)["format"] == protocol.MASKED_FORMAT
+            assert protocol.decode_masked(blob, size).dtype == np.uint64
+    engine.dispose()
