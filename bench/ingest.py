@@ -19,7 +19,7 @@ and the machine's load average at the start and end. Each backend's figures are 
 the null app's of the same repeat; ``summary`` holds min / median / max over the repeats of every
 figure and ratio.
 
-The full grid takes hours on 2 cores at 3 repeats; ``--quick`` (K ∈ {100, 1,000}, 20×384 only) about 1.5 h.
+The full grid takes hours on 2 cores; ``--quick`` (K ∈ {100, 1,000}, 20×384 only) is the shorter pass.
 """
 
 from __future__ import annotations

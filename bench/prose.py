@@ -3,12 +3,14 @@
     python -m bench.prose [--page BENCHMARKS.md] [--results bench/results]
 
 The page is read section by section (``## `` headings). A number in a section's prose (outside the
-generated blocks, code spans and code blocks) is *sourced* when it is a small count (0 to 10), one
-of the floors' own thresholds, a number printed in the section's generated tables, or a value of a
-result file the section draws on — the files its generated blocks are built from and every
-``*.json`` file it names — at the precision the prose writes it, in the units the page uses
-(seconds or milliseconds, fractions or per cent, bytes, kB, MB, MiB or GiB). Everything else is
-reported: a figure from a run that is not committed, or one that no longer matches its file.
+generated blocks, code spans and code blocks) is *sourced* when it is a small count (0 to 10), an
+issue's number, one of the floors' own thresholds, a number printed in the section's generated
+tables, or a value of a result file the section draws on — the files its generated blocks are
+built from and every ``*.json`` file it names — at the precision the prose writes it, in the unit
+written after it (seconds as s or ms, fractions as %, bytes as kB, MB, MiB or GiB; a number without
+one of these units as it is). Everything else is reported: a figure from a run that is not
+committed, or one that no longer matches its file. A section that cites many files offers many
+values, so a typed figure can still hit one by chance; the check catches most, not all.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ BLOCK = re.compile(r"<!-- bench:(\w+) -->\n.*?<!-- /bench:\1 -->", re.S)
 FENCE = re.compile(r"```.*?```", re.S)
 CODE = re.compile(r"`[^`\n]*`")
 CITED = re.compile(r"[\w.\-/{},]*?([\w\-]+\.json)")
-SCALES = (1.0, 1e3, 1e2, 1e-3, 1e-6, 2.0**-20, 2.0**-30)
+UNIT = re.compile(r"(?:\s?–\s?[\d.,]+)?\s?(ms|s|%|MiB|GiB|kB|MB)(?![\w/])")
+REFERENCE = re.compile(r"(?:issue|issues|§)\s?$", re.I)
+SCALES = {"ms": (1e3,), "s": (1.0,), "%": (1e2, 1.0), "MiB": (1.0, 2.0**-20), "GiB": (1.0, 2.0**-30)}
+SCALES |= {"kB": (1e-3,), "MB": (1e-6,)}
 SKIP_KEYS = {"timeline"}
 BLOCK_FILES = {"comm": "comm.json", "aggregation": "aggregation.json", "worker": "worker.json"}
 BLOCK_FILES |= {"ingest": "ingest.json", "e2e": "e2e.json"}
@@ -65,12 +70,14 @@ def values_of(doc: Any) -> Iterable[float]:
         yield from (_value(n) for n in NUMBER.findall(str(doc)))
 
 
-def matches(token: str, values: Iterable[float]) -> bool:
-    """Whether a printed number is one of the values, rounded as printed, in one of the page's units."""
+def matches(token: str, values: Iterable[float], unit: str | None = None) -> bool:
+    """Whether a printed number is one of the values, rounded as printed, in the unit written after it
+    (seconds as s or ms, fractions as %, bytes as kB, MB, MiB or GiB; anything else as it is)."""
     x = _value(token)
     decimals = len(token.split(".", 1)[1]) if "." in token else 0
     tolerance = 0.5 * 10.0**-decimals + 1e-9
-    return any(abs(v * s - x) <= tolerance for v in values for s in SCALES)
+    scales = SCALES.get(unit or "", (1.0,))
+    return any(abs(v * s - x) <= tolerance for v in values for s in scales)
 
 
 def _file(results: Path, name: str) -> Path | None:
@@ -105,11 +112,15 @@ def unsourced(text: str, results: Path) -> list[str]:
             if path is not None:
                 values |= set(values_of(json.loads(path.read_text())))
         printed = {t for block in blocks for t in NUMBER.findall(block)}
-        for token in NUMBER.findall(prose):
-            x = _value(token)
-            if token in printed or (x.is_integer() and 0 <= x <= 10) or matches(token, values):
+        for m in NUMBER.finditer(prose):
+            token, x = m.group(0), _value(m.group(0))
+            if token in printed or (x.is_integer() and 0 <= x <= 10):
                 continue
-            out.append(f"{heading}: {token}")
+            if REFERENCE.search(prose[max(0, m.start() - 8) : m.start()]):
+                continue
+            unit = UNIT.match(prose, m.end())
+            if not matches(token, values, unit.group(1) if unit else None):
+                out.append(f"{heading}: {token}")
     return out
 
 

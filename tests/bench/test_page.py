@@ -48,14 +48,17 @@ def test_the_page_repeats_none_of_the_stale_claims() -> None:
 
 
 def test_the_prose_check_catches_a_typed_figure(tmp_path: Path) -> None:
-    (tmp_path / "run.json").write_text(
-        json.dumps({"p99": 0.2565, "bytes": 181730746, "share": 0.189, "cmd": "--k 1000"})
-    )
+    doc = {"p99": 0.2566, "bytes": 181730746, "share": 0.189, "cmd": "--k 1000"}
+    (tmp_path / "run.json").write_text(json.dumps(doc))
     page = (
         "## 1. A section\n\n"
         "<!-- bench:worker -->\n| 4.25 |\n<!-- /bench:worker -->\n\n"
         "From `run.json`: p99 0.26 s (257 ms), 173.3 MiB, 18.9 %, K = 1,000, 4.25 in the table, "
-        "3 runs, `--steps 77`, and 0.31 s from a run nobody kept.\n\n"
+        "3 runs, issue 25, `--steps 77`, and 0.31 s from a run nobody kept; 0.26 ms is the wrong unit.\n\n"
         "## 2. Another\n\nHere 0.26 s cites nothing.\n"
     )
-    assert prose.unsourced(page, tmp_path) == ["## 1. A section: 0.31", "## 2. Another: 0.26"]
+    assert prose.unsourced(page, tmp_path) == [
+        "## 1. A section: 0.31",
+        "## 1. A section: 0.26",
+        "## 2. Another: 0.26",
+    ]
