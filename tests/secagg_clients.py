@@ -40,6 +40,7 @@ class ScriptedClient:
         self.done: list[tuple[int, str]] = []  # (round, stage) answered
         self.last_masked: bytes | None = None
         self.masked: dict[tuple[int, int], bytes] = {}  # (round, attempt) -> the masked upload
+        self.holds: set[tuple[int, str]] = set()  # (round, stage) not answered for now
 
     @property
     def stopped(self) -> bool:
@@ -55,6 +56,9 @@ class ScriptedClient:
         if resp.status_code == 204:
             return None
         task = resp.json()
+        stage_now = task.get("stage") or ("masked" if "secure_aggregation" in task else task["kind"])
+        if (task["round"], stage_now) in self.holds:
+            return None
         if task["kind"] == "secagg":
             stage = task["stage"]
             own = self.secrets.setdefault((task["round"], task["attempt"]), RoundSecrets.new())

@@ -1,4 +1,4 @@
-"""Secure rounds through the API (in process, both backends): the aggregate equals FedAvg of the
+"""Secure rounds through the API (in process; the aggregate on both backends): the aggregate equals FedAvg of the
 clients' updates within the quantisation bound, dropouts at every stage, fewer than t survivors fail
 the round and it is retried with a fresh selection, replayed and altered masked uploads are refused,
 and nothing stored is a client's update."""
@@ -6,6 +6,8 @@ and nothing stored is a client's update."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,14 +37,28 @@ SPEC: dict[str, Any] = {
 }
 
 
-@pytest.fixture
-def secure_api(db_url: str, tmp_path) -> Iterator[tuple[TestClient, FakeClock]]:  # type: ignore[no-untyped-def]
+@contextmanager
+def _served(db_url: str, tmp_path: Path) -> Iterator[tuple[TestClient, FakeClock]]:
     upgrade(db_url)
     settings = Settings(database_url=db_url, admin_token=ADMIN, data_dir=tmp_path)
     clock = FakeClock()
     with TestClient(create_app(settings, sweep=False)) as client:
         client.app.state.service.clock = clock
         yield client, clock
+
+
+@pytest.fixture
+def secure_api(db_url: str, tmp_path: Path) -> Iterator[tuple[TestClient, FakeClock]]:
+    """Both backends (the aggregate and what is stored)."""
+    with _served(db_url, tmp_path) as served:
+        yield served
+
+
+@pytest.fixture
+def sqlite_api(tmp_path: Path) -> Iterator[tuple[TestClient, FakeClock]]:
+    """SQLite only: the stage rules do not depend on the backend, and the suite's time is short."""
+    with _served(f"sqlite:///{tmp_path / 'fedprompt.db'}", tmp_path) as served:
+        yield served
 
 
 def _federation(
@@ -122,8 +138,8 @@ def test_secure_round_equals_fedavg_and_stores_no_update(secure_api, db_url: str
     assert close_to_any(wire.encode({"prompt_embeddings": clients[0].update.reshape(4, 8)}), updates)
 
 
-def test_dropouts_at_every_stage(secure_api) -> None:  # type: ignore[no-untyped-def]
-    api, clock = secure_api
+def test_dropouts_at_every_stage(sqlite_api) -> None:  # type: ignore[no-untyped-def]
+    api, clock = sqlite_api
     fid, clients = _federation(api)
     clients[1].stop_after = "keys"
     clients[4].stop_after = "shares"
@@ -140,8 +156,8 @@ def test_dropouts_at_every_stage(secure_api) -> None:  # type: ignore[no-untyped
     }
 
 
-def test_fewer_than_t_fails_and_is_retried(secure_api) -> None:  # type: ignore[no-untyped-def]
-    api, clock = secure_api
+def test_fewer_than_t_fails_and_is_retried(sqlite_api) -> None:  # type: ignore[no-untyped-def]
+    api, clock = sqlite_api
     fid, clients = _federation(api)
     for c in clients[:6]:
         c.stop_after = "shares"  # 4 masked vectors, t = 5
@@ -162,8 +178,8 @@ def test_fewer_than_t_fails_and_is_retried(secure_api) -> None:  # type: ignore[
     )
 
 
-def test_replayed_and_altered_masked_uploads_are_refused(secure_api) -> None:  # type: ignore[no-untyped-def]
-    api, clock = secure_api
+def test_replayed_and_altered_masked_uploads_are_refused(sqlite_api) -> None:  # type: ignore[no-untyped-def]
+    api, clock = sqlite_api
     fid, clients = _federation(api)
     _drive(api, clients, fid, clock, until=1)
     first = clients[0]
@@ -195,8 +211,8 @@ def test_replayed_and_altered_masked_uploads_are_refused(secure_api) -> None:  #
     assert answer.status_code == 409, answer.text
 
 
-def test_robust_rule_with_secure_aggregation_is_refused(secure_api) -> None:  # type: ignore[no-untyped-def]
-    api, _ = secure_api
+def test_robust_rule_with_secure_aggregation_is_refused(sqlite_api) -> None:  # type: ignore[no-untyped-def]
+    api, _ = sqlite_api
     answer = api.post(
         "/api/v1/federations", json={**SPEC, "aggregation": {"name": "median"}}, headers=ADMIN_AUTH
     )

@@ -5,6 +5,8 @@ answering after a chosen stage) and a `fedprompt-worker pool` process serving re
 from __future__ import annotations
 
 import json
+import signal
+import stat
 import subprocess
 import threading
 import time
@@ -30,6 +32,7 @@ from tests.helpers import (
     stop_all,
     wait_for,
     worker_cmd,
+    worker_status,
 )
 from tests.secagg_clients import ScriptedClient, close_to_any
 
@@ -167,6 +170,24 @@ def _pool_file(path: Path, url: str, fid: int, token: str, n: int, workdir: Path
     return path
 
 
+def _start_pool(config: Path, workdir: Path, name: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    log = open(workdir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
+    proc = subprocess.Popen(
+        [*worker_cmd(), "pool", "--config", str(config), "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _pool_idle(url: str, n: int) -> bool:
+    status = worker_status(url)
+    return (
+        bool(status) and len(status["clients"]) == n and all(c["state"] == "idle" for c in status["clients"])
+    )
+
+
 def test_pool_workers_with_sites_dropping_at_each_stage(tmp_path: Path) -> None:
     """7 MiniLM clients of one pool process and 3 scripted sites that stop after their keys, after their
     shares and after their masked upload: the round completes with the 8 masked vectors, the stats say
@@ -189,27 +210,11 @@ def test_pool_workers_with_sites_dropping_at_each_stage(tmp_path: Path) -> None:
         admin = CoordinatorClient(url, ADMIN)
         fid = admin.create_federation(spec_json)["id"]
         token = admin.create_enrollment_token(fid, max_uses=7)
-        port = free_port()
-        log = open(tmp_path / "pool.log", "ab")  # noqa: SIM115 - owned by the process
         config = _pool_file(tmp_path / "pool.json", url, fid, token, 7, tmp_path)
-        procs.append(
-            subprocess.Popen(
-                [*worker_cmd(), "pool", "--config", str(config), "--port", str(port)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        )
-        pool_url = f"http://127.0.0.1:{port}"
-
-        def ready() -> bool:
-            try:
-                status = httpx.get(f"{pool_url}/status", timeout=2).json()
-            except httpx.HTTPError:
-                return False
-            return len(status["clients"]) == 7 and all(c["state"] == "idle" for c in status["clients"])
-
+        pool, pool_url = _start_pool(config, tmp_path, "pool")
+        procs.append(pool)
         try:
-            wait_for(ready, 120, "the pool's clients to load the model")
+            wait_for(lambda: _pool_idle(pool_url, 7), 120, "the pool's clients to load the model")
             spec = FederationSpec.model_validate(admin.spec(fid))
             size = sum(int(np.prod(s)) for s in spec.tensor_shapes().values())
             sites = _enrol(
@@ -226,7 +231,6 @@ def test_pool_workers_with_sites_dropping_at_each_stage(tmp_path: Path) -> None:
             assert all(c["rounds_trained"] == [1] for c in status["clients"])
         finally:
             stop_all(procs)
-            log.close()
         rounds = admin.rounds(fid)
         assert [(r["round"], r["state"]) for r in rounds] == [(1, "closed")]
         record = rounds[0]["stats"]["secure_aggregation"]
@@ -246,3 +250,65 @@ def test_pool_workers_with_sites_dropping_at_each_stage(tmp_path: Path) -> None:
             assert wire.read_metadata(blob)["format"] == protocol.MASKED_FORMAT
             assert protocol.decode_masked(blob, size).dtype == np.uint64
     engine.dispose()
+
+
+def test_a_pool_killed_before_unmasking_answers_after_its_restart(tmp_path: Path) -> None:
+    """3 MiniLM clients of a pool process upload their masked vectors; the pool is killed (SIGKILL)
+    before the unmasking stage starts and started again: its clients unmask with the secrets they kept
+    in their state folders, and the round closes with nobody dropped."""
+    db = f"sqlite:///{tmp_path / 'restart.db'}"
+    spec_json: dict[str, Any] = {
+        "name": "secure-restart",
+        "max_length": 32,
+        "batch_size": 4,
+        "lr": 0.01,
+        "local_steps": 2,
+        "min_clients": 4,
+        "fraction": 1.0,
+        "rounds": 1,
+        "round_deadline_s": 60,
+        "secure_aggregation": {**SA, "stage_deadline_s": 60},
+    }
+    procs: list[subprocess.Popen] = []
+    with coordinator_process(db, tmp_path) as (url, _), httpx.Client(base_url=url, timeout=30) as http:
+        admin = CoordinatorClient(url, ADMIN)
+        fid = admin.create_federation(spec_json)["id"]
+        token = admin.create_enrollment_token(fid, max_uses=3)
+        config = _pool_file(tmp_path / "pool.json", url, fid, token, 3, tmp_path)
+        first, first_url = _start_pool(config, tmp_path, "pool-first")
+        procs.append(first)
+        try:
+            wait_for(lambda: _pool_idle(first_url, 3), 120, "the pool's clients to load the model")
+            spec = FederationSpec.model_validate(admin.spec(fid))
+            size = sum(int(np.prod(s)) for s in spec.tensor_shapes().values())
+            (site,) = _enrol(http, fid, ["late-site"], np.random.default_rng(2), size)
+            site.holds.add((1, "masked"))  # the unmasking stage waits for this site's masked vector
+            stop = threading.Event()
+            thread = _run([site], stop)
+
+            def uploaded() -> bool:
+                status = worker_status(first_url)
+                return bool(status) and all(c["rounds_trained"] == [1] for c in status["clients"])
+
+            wait_for(uploaded, 60, "the pool's masked vectors")
+            first.send_signal(signal.SIGKILL)
+            first.wait(10)
+            site.holds.clear()
+            wait_for(lambda: "masked" in {s for _, s in site.done}, 30, "the site's masked vector")
+            second, _ = _start_pool(config, tmp_path, "pool-second")
+            procs.append(second)
+            wait_for(
+                lambda: admin.federation(fid)["state"] == "completed", 120, "the round after the restart"
+            )
+            stop.set()
+            thread.join(10)
+        finally:
+            stop_all(procs)
+        (rnd,) = admin.rounds(fid)
+        record = rnd["stats"]["secure_aggregation"]
+        assert rnd["state"] == "closed" and record["dropped_at"] == {}
+        assert len(record["completed"]["unmask"]) == 4
+    for state in (tmp_path / f"client-{i}" / "secagg" for i in range(3)):
+        kept = sorted(p.name for p in state.iterdir())
+        assert kept == ["1-1.json", "1-1.masked"]
+        assert all(stat.S_IMODE((state / name).stat().st_mode) == 0o600 for name in kept)
