@@ -136,6 +136,11 @@ class RoundSummary(_Open):
     participants: list[Participant]
     stats: dict[str, Any] | None
     evaluation: EvaluationSummary | None
+    secure_aggregation: dict[str, Any] | None = Field(
+        None,
+        description="A secure round attempt's stage (keys, shares, masked, unmask, done, failed), the "
+        "clients that completed each stage and the stage each missing client did not complete.",
+    )
 
 
 class ClientCounts(_Open):

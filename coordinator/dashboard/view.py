@@ -75,6 +75,7 @@ def timeline(rounds: list[dict[str, Any]], quorum: int, now: float) -> list[dict
                 "macro_f1": ev.get("macro_f1"),
                 "per_class_accuracy": ev.get("per_class_accuracy") or [],
                 "notes": (r.get("stats") or {}).get("notes") or {},
+                "secure": secure_summary(r),
             }
         )
     longest = max((row["seconds"] for row in rows), default=0.0)
@@ -82,6 +83,19 @@ def timeline(rounds: list[dict[str, Any]], quorum: int, now: float) -> list[dict
         row["bar_pct"] = round(100.0 * row["seconds"] / longest, 1) if longest > 0 else 0.0
     rows.reverse()
     return rows
+
+
+def secure_summary(r: dict[str, Any]) -> dict[str, Any] | None:
+    """A secure round's line on the timeline: its stage (while it runs) and who dropped where."""
+    live = r.get("secure_aggregation") or (r.get("stats") or {}).get("secure_aggregation")
+    if not live:
+        return None
+    completed = live.get("completed") or {}
+    return {
+        "stage": live.get("stage") if r.get("closed_at") is None else None,
+        "survivors": len(completed.get("masked") or []) if "masked" in completed else None,
+        "dropped": sorted((live.get("dropped_at") or {}).items(), key=lambda item: int(item[0])),
+    }
 
 
 def _num(v: Any) -> float | None:

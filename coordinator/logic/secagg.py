@@ -200,30 +200,37 @@ def masked_metadata(
     return weight, metrics
 
 
+def stage_view(plan_: Plan, stage: str, reached: Mapping[str, Sequence[int]]) -> dict[str, Any]:
+    """Where a secure round attempt stands, by client id: its stage, who completed each stage so far,
+    and the stage each missing client did not complete."""
+    client_of = plan_.client_of()
+    completed = {s: sorted(client_of[i] for i in reached[s]) for s in STAGES if s in reached}
+    previous = set(plan_.indices.values())
+    dropped: dict[str, str] = {}
+    for name in STAGES:
+        if name not in reached:
+            break
+        now = set(reached[name])
+        for i in sorted(previous - now):
+            dropped[str(client_of[i])] = name
+        previous = now
+    return {"stage": stage, "completed": completed, "dropped_at": dropped}
+
+
 def round_record(
     sa: SecureAggregationSpec, plan_: Plan, reached: Mapping[str, Sequence[int]]
 ) -> dict[str, Any]:
     """What the round's stats say of its secure aggregation: k, t, the bound, who completed each stage
     and who dropped where (client ids)."""
-    client_of = plan_.client_of()
-    completed = {stage: sorted(client_of[i] for i in reached.get(stage, [])) for stage in STAGES}
-    previous = set(plan_.indices.values())
-    dropped: dict[str, str] = {}
-    for stage in STAGES:
-        now = set(reached.get(stage, []))
-        if stage not in reached:
-            break
-        for i in sorted(previous - now):
-            dropped[str(client_of[i])] = stage
-        previous = now
+    view = stage_view(plan_, "done", reached)
     return {
         "k": plan_.k,
         "t": plan_.t,
         "clip": sa.clip,
         "bits": sa.bits,
         "error_bound": quantise.error_bound(sa.clip, sa.bits),
-        "completed": completed,
-        "dropped_at": dropped,
+        "completed": {stage: view["completed"].get(stage, []) for stage in STAGES},
+        "dropped_at": view["dropped_at"],
     }
 
 

@@ -8,8 +8,9 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from coordinator.db import Client, Evaluation, Event, Federation, Participant, Round, Update
+from coordinator.db import Client, Evaluation, Event, Federation, Participant, Round, SecaggRound, Update
 from coordinator.errors import NotFound
+from coordinator.logic import secagg as secagg_rules
 from coordinator.logic.evaluation import summarize_evaluations
 from coordinator.logic.ledger import ledger
 from coordinator.logic.roundstats import privacy_record
@@ -72,6 +73,8 @@ class Reads:
             )
             if spec.privacy is not None:
                 out["privacy"] = privacy_of(s, fid, spec.privacy)
+            if spec.privacy is not None or spec.secure_aggregation is not None:
+                out["privacy_guarantees"] = secagg_rules.guarantees(spec)
         return out
 
     def round_summary(self, s: Session, rnd: Round) -> dict[str, Any]:
@@ -95,7 +98,18 @@ class Reads:
             ],
             "stats": rnd.stats,
             "evaluation": evaluation_summary(s, rnd.federation_id, rnd.result_version),
+            **self._secure_stage(s, rnd),
         }
+
+    def _secure_stage(self, s: Session, rnd: Round) -> dict[str, Any]:
+        """A secure round attempt's stage and who completed each stage (nothing for other rounds)."""
+        if self.store.cached_spec(rnd.federation_id).secure_aggregation is None:
+            return {}
+        row = s.get(SecaggRound, rnd.id)
+        if row is None:
+            return {}
+        plan = secagg_rules.Plan.from_json(row.plan)
+        return {"secure_aggregation": secagg_rules.stage_view(plan, row.stage, row.reached)}
 
     def rounds(self, fid: int) -> list[dict[str, Any]]:
         """The round history, every attempt, oldest first."""

@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from coordinator.db import Client, Federation, Participant, Round, SecaggMessage, SecaggRound, Update
@@ -142,6 +142,7 @@ class SecureRounds:
         tensors = protocol.unflatten(flat_base + mean, shapes)
         record = rules.round_record(sa, plan, sa_row.reached)
         record["weight_total"] = weight_total
+        record["bytes_up"] = self._stage_bytes(s, rnd.id)
         record["guarantees"] = rules.guarantees(spec)
         return tensors, record
 
@@ -339,6 +340,22 @@ class SecureRounds:
             )
 
     # -- reads ----------------------------------------------------------------------------------
+
+    def _stage_bytes(self, s: Session, round_id: int) -> dict[str, int]:
+        """Bytes the clients sent in each stage of the round attempt (masked: the vectors stored)."""
+        rows = s.execute(
+            select(SecaggMessage.stage, func.sum(func.length(SecaggMessage.payload)))
+            .where(SecaggMessage.round_id == round_id)
+            .group_by(SecaggMessage.stage)
+        ).all()
+        sent = {stage: int(total or 0) for stage, total in rows}
+        masked = s.scalar(select(func.sum(Update.size)).where(Update.round_id == round_id)) or 0
+        return {
+            "keys": sent.get("keys", 0),
+            "shares": sent.get("shares", 0),
+            "masked": int(masked),
+            "unmask": sent.get("unmask", 0),
+        }
 
     def _place(
         self, s: Session, fid: int, number: int, client: Client, spec: FederationSpec

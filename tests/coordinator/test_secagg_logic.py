@@ -9,6 +9,7 @@ import base64
 import pytest
 from pydantic import ValidationError
 
+from coordinator.dashboard.view import timeline
 from coordinator.errors import Invalid
 from coordinator.logic import secagg as rules
 from shared.secagg import shares
@@ -107,3 +108,37 @@ def test_spec_refuses_robust_rules_and_too_few_clients_and_states_guarantees() -
     said = rules.guarantees(both)
     assert set(said) == {"local_dp", "secure_aggregation"}
     assert "ε = 1.0-DP" in said["local_dp"] and "sum of the clients' noise" in said["secure_aggregation"]
+
+
+def test_timeline_shows_the_stage_and_who_dropped_where() -> None:
+    base = {"participants": [], "opened_at": 0.0, "state": "open", "attempt": 1}
+    running = {
+        **base,
+        "round": 2,
+        "closed_at": None,
+        "secure_aggregation": {
+            "stage": "shares",
+            "completed": {"keys": [1, 2, 3]},
+            "dropped_at": {"4": "keys"},
+        },
+    }
+    closed = {
+        **base,
+        "round": 1,
+        "state": "closed",
+        "closed_at": 5.0,
+        "stats": {
+            "secure_aggregation": {
+                "completed": {"masked": [1, 2, 3]},
+                "dropped_at": {"12": "unmask", "4": "shares"},
+            }
+        },
+    }
+    rows = timeline([closed, running], quorum=1, now=10.0)
+    assert rows[0]["secure"] == {"stage": "shares", "survivors": None, "dropped": [("4", "keys")]}
+    assert rows[1]["secure"] == {
+        "stage": None,
+        "survivors": 3,
+        "dropped": [("4", "shares"), ("12", "unmask")],
+    }
+    assert timeline([{**closed, "stats": {}}], quorum=1, now=10.0)[0]["secure"] is None

@@ -148,7 +148,16 @@ def test_dropouts_at_every_stage(sqlite_api) -> None:  # type: ignore[no-untyped
     survivors = [c for i, c in enumerate(clients) if i not in (1, 4)]
     got = _version(api, fid, 1)
     assert np.abs(got - _expected(api, fid, survivors)).max() <= quantise.error_bound(1.0, 20) + 1e-6
-    record = _rounds(api, fid)[0]["stats"]["secure_aggregation"]
+    first = _rounds(api, fid)[0]
+    assert first["secure_aggregation"]["stage"] == "done"
+    assert first["secure_aggregation"]["dropped_at"] == first["stats"]["secure_aggregation"]["dropped_at"]
+    record = first["stats"]["secure_aggregation"]
+    assert set(record["bytes_up"]) == {"keys", "shares", "masked", "unmask"}
+    assert all(v > 0 for v in record["bytes_up"].values())
+    now = api.get(f"/api/v1/federations/{fid}/rounds/2", headers=ADMIN_AUTH).json()["secure_aggregation"]
+    assert now["stage"] in ("keys", "shares", "masked", "unmask")
+    status = api.get(f"/api/v1/federations/{fid}", headers=ADMIN_AUTH).json()
+    assert "not any one update" in status["privacy_guarantees"]["secure_aggregation"]
     assert record["dropped_at"] == {
         str(clients[1].client_id): "shares",
         str(clients[4].client_id): "masked",
