@@ -17,6 +17,13 @@ PAPER_LR = 0.3  # the paper's prompt learning rate, for label scores read throug
 MEAN_POOL_LR = 0.01  # the rate mean-pool similarity scoring learns at (bench/scoring.py)
 
 
+def client_steps(local_steps: int, local_epochs: float | None, num_samples: int, batch_size: int) -> int:
+    """A client's local steps in a round: local_steps, capped at local_epochs passes over its own data."""
+    if local_epochs is None:
+        return local_steps
+    return max(1, min(local_steps, math.ceil(local_epochs * num_samples / batch_size)))
+
+
 def default_lr(scoring: str) -> float:
     """The prompt's learning rate when the operator gives none, for the scoring the engine resolved."""
     return MEAN_POOL_LR if scoring == "mean-pool" else PAPER_LR
@@ -281,6 +288,14 @@ class FederationSpec(BaseModel):
         600.0, gt=0, description="Clients unseen this long are not selected."
     )
     local_steps: int = Field(100, ge=1, le=1_000_000)
+    local_epochs: float | None = Field(
+        None,
+        gt=0,
+        le=1_000_000,
+        description="Cap each client's local steps at this many passes over its own training data "
+        "(FedAvg's E: ceil(E × n_k / batch_size) steps, at most local_steps), so that a client with a small "
+        "shard does not over-fit it; none: every client trains local_steps.",
+    )
     batch_size: int = Field(16, ge=1, le=4096)
     lr: float = Field(
         PAPER_LR,

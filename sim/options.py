@@ -27,6 +27,7 @@ class SimulateOptions:
     fraction: float
     rounds: int
     local_steps: int
+    local_epochs: float | None
     batch_size: int
     lr: float | None
     num_virtual_tokens: int
@@ -206,6 +207,7 @@ def build_spec(
     local_steps: int,
     batch_size: int,
     lr: float,
+    local_epochs: float | None = None,
     num_virtual_tokens: int,
     max_length: int,
     seed: int,
@@ -240,6 +242,7 @@ def build_spec(
         round_deadline_s=round_deadline,
         availability_timeout_s=max(3600.0, round_deadline),
         local_steps=local_steps,
+        local_epochs=local_epochs,
         batch_size=batch_size,
         lr=lr,
         seed=seed,
@@ -325,6 +328,7 @@ def federation_spec(opts: SimulateOptions, dataset: Dataset) -> tuple[Federation
         fraction=opts.fraction,
         rounds=opts.rounds,
         local_steps=opts.local_steps,
+        local_epochs=opts.local_epochs,
         batch_size=opts.batch_size,
         lr=lr,
         num_virtual_tokens=opts.num_virtual_tokens,

@@ -80,6 +80,7 @@ def round_records(rounds: list[dict[str, Any]], spec: dict[str, Any] | None = No
                 "eval_clients": ev.get("clients", 0),
                 "eval_samples": ev.get("num_samples", 0),
                 "loss": stats.get("train_loss"),
+                "local_steps": stats.get("local_steps"),
                 "bytes_up": stats.get("bytes_up", 0),
                 "bytes_down": stats.get("bytes_down", 0),
                 "seconds": r.get("seconds"),

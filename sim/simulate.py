@@ -64,6 +64,14 @@ def simulate_command(
     ] = 0.5,
     rounds: Annotated[int, typer.Option("--rounds", "-t", min=1, help="T: federated rounds.")] = 3,
     local_steps: Annotated[int, typer.Option(min=1, help="Local optimisation steps per round.")] = 50,
+    local_epochs: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            help="Cap each client's local steps at this many passes over its own shard (FedAvg's E; "
+            "default: every client trains --local-steps).",
+        ),
+    ] = None,
     batch_size: Annotated[int, typer.Option(min=1)] = 16,
     lr: Annotated[
         float | None,
@@ -312,7 +320,7 @@ def _federate(
             run.out,
             Path(setup["dataset"]),
             FederationSpec.model_validate(spec),
-            sum(r["participants"] for r in records) * spec["local_steps"],
+            sum(r.get("local_steps") or r["participants"] * spec["local_steps"] for r in records),
             setup.get("train_limit"),
             setup.get("eval_limit"),
         )

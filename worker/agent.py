@@ -27,7 +27,7 @@ from shared.client import ApiError, CoordinatorClient
 from shared.evalstats import confusion_metrics
 from shared.privacy import gaussian_ldp, gaussian_noise_multiplier, laplace_ldp, ldp_rng
 from shared.secagg.protocol import flatten
-from shared.spec import FederationSpec
+from shared.spec import FederationSpec, client_steps
 from worker.data import Example
 from worker.poison import Backdoor
 from worker.protocol import Engine, EngineFactory
@@ -350,7 +350,10 @@ class Agent:
             slot_wait_s = time.perf_counter() - started - download_s
             self.status.state = "training"
             self.engine.load_prompt(blob_in)
-            self.status.step, self.status.total_steps = 0, int(cfg["local_steps"])
+            steps = client_steps(
+                int(cfg["local_steps"]), cfg.get("local_epochs"), len(self.train_data), int(cfg["batch_size"])
+            )
+            self.status.step, self.status.total_steps = 0, steps
             last = [time.perf_counter()]
 
             def progress(step: int, total: int, loss: float) -> None:
@@ -363,19 +366,22 @@ class Agent:
                 if self._stop.is_set():
                     raise Stopped()
 
-            log.info(
-                "round %s: training %s steps on %s examples", number, cfg["local_steps"], len(self.train_data)
-            )
+            log.info("round %s: training %s steps on %s examples", number, steps, len(self.train_data))
             result = self.engine.train(
                 self.train_data,
-                steps=int(cfg["local_steps"]),
+                steps=steps,
                 batch_size=int(cfg["batch_size"]),
                 lr=float(cfg["lr"]),
                 grad_clip=float(cfg.get("grad_clip", 1.0)),
                 seed=_round_seed(int(cfg.get("seed", 0)), number, self.status.client_id or 0),
                 progress=progress,
             )
-            metrics = {"loss": result.mean_loss, "last_loss": result.last_loss, "seconds": result.seconds}
+            metrics = {
+                "loss": result.mean_loss,
+                "last_loss": result.last_loss,
+                "seconds": result.seconds,
+                "steps": steps,
+            }
             assert self.spec is not None
             tensors = self._release(blob_in, metrics)
             meta = {

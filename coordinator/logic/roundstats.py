@@ -44,6 +44,9 @@ def round_stats(
         "notes": by_client,
         "aggregation_s": aggregation_s,  # decode, aggregate, encode
     }
+    steps = [u.metrics["steps"] for u in updates if isinstance(u.metrics.get("steps"), int | float)]
+    if steps:  # local steps the aggregated updates trained (fewer than local_steps under local_epochs)
+        stats["local_steps"] = int(sum(steps))
     for key in ("local_asr", "local_accuracy"):  # what malicious clients report of their own prompt
         reported = {str(u.client_id): u.metrics[key] for u in updates if key in u.metrics}
         if reported:

@@ -119,6 +119,7 @@ class Tasks:
             "deadline_at": rnd.deadline_at,
             "config": {
                 "local_steps": spec.local_steps,
+                "local_epochs": spec.local_epochs,
                 "batch_size": spec.batch_size,
                 "lr": spec.lr,
                 "grad_clip": spec.grad_clip,

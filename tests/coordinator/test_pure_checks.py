@@ -106,7 +106,10 @@ def _update(cid: int, n: int, size: int, **metrics: float) -> SimpleNamespace:
 
 
 def test_round_stats_weigh_the_loss_and_note_rejections_and_clipped_weights() -> None:
-    updates = [_update(3, 10, 100, loss=1.0), _update(5, 30, 100, loss=3.0, local_asr=0.9)]
+    updates = [
+        _update(3, 10, 100, loss=1.0, steps=25),
+        _update(5, 30, 100, loss=3.0, local_asr=0.9, local_accuracy=0.6, steps=75),
+    ]
     stats = round_stats(
         updates,
         [40, 0, 40],
@@ -126,9 +129,12 @@ def test_round_stats_weigh_the_loss_and_note_rejections_and_clipped_weights() ->
         },
         "aggregation_s": 0.5,
         "local_asr": {"5": 0.9},
+        "local_accuracy": {"5": 0.6},
+        "local_steps": 100,
     }
     plain = round_stats([_update(3, 10, 1)], [1], notes={}, aggregation_s=0.0, server_optimizer={"name": "x"})
     assert plain["train_loss"] is None and plain["notes"] == {} and plain["server_optimizer"] == {"name": "x"}
+    assert "local_steps" not in plain  # updates that state no steps
 
 
 def test_privacy_record_composes_each_clients_releases() -> None:

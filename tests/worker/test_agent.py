@@ -68,8 +68,9 @@ class FakeEngine:
 class FakeCoordinator:
     """A scripted coordinator: one train task, then done; the first uploads fail with 503."""
 
-    def __init__(self, fail_uploads: int) -> None:
+    def __init__(self, fail_uploads: int, config: dict[str, Any] | None = None) -> None:
         self.fail_uploads = fail_uploads
+        self.config = config or {"local_steps": 3, "batch_size": 2, "lr": 0.1, "seed": 0}
         self.calls: list[str] = []
         self.uploads: list[bytes] = []
         self.trained = False
@@ -95,7 +96,7 @@ class FakeCoordinator:
                         "attempt": 1,
                         "version": 0,
                         "sha256": wire.sha256(self.initial),
-                        "config": {"local_steps": 3, "batch_size": 2, "lr": 0.1, "seed": 0},
+                        "config": self.config,
                     },
                 )
             return httpx.Response(200, json={"kind": "done", "round": 1, "version": 1})
@@ -145,6 +146,17 @@ def _run_until_done(agent: Agent) -> None:
     agent.stop()
     thread.join(10)
     assert not thread.is_alive()
+
+
+def test_local_epochs_cap_the_steps_and_the_update_states_them(tmp_path: Path) -> None:
+    config = {"local_steps": 3, "local_epochs": 1.0, "batch_size": 2, "lr": 0.1, "seed": 0}
+    coordinator = FakeCoordinator(fail_uploads=0, config=config)
+    agent = _agent(tmp_path, coordinator)
+    _run_until_done(agent)
+    tensors, meta = wire.decode(coordinator.uploads[-1])
+    # one pass over 4 examples in batches of 2: 2 steps (not 3), each adding 1 to the prompt of ones
+    np.testing.assert_array_equal(tensors["prompt_embeddings"], np.full((2, 4), 3.0, np.float32))
+    assert json.loads(meta["metrics"])["steps"] == 2
 
 
 def test_upload_is_retried_until_acknowledged_and_pending_file_cleared(tmp_path: Path) -> None:
