@@ -20,45 +20,23 @@ from typing import Any, TypeVar
 
 import httpx
 import structlog
-from tenacity import RetryCallState, Retrying, retry_if_exception, stop_never, wait_random_exponential
 
 from shared import wire
 from shared.client import ApiError, CoordinatorClient
-from shared.evalstats import confusion_metrics
-from shared.privacy import gaussian_ldp, gaussian_noise_multiplier, laplace_ldp, ldp_rng
 from shared.secagg.protocol import flatten
 from shared.spec import FederationSpec, client_steps
 from worker.data import Example
+from worker.joining import FatalWorkerError, check_model, join, state_model_parameters
 from worker.poison import Backdoor
 from worker.protocol import Engine, EngineFactory
+from worker.release import evaluation_report, release
+from worker.retry import Stopped, with_retries
 from worker.secagg import SecureStages
 from worker.slots import training_slot
-from worker.state import Credentials, StateDir
+from worker.state import StateDir
 
 log = logging.getLogger("fedprompt.worker")
 T = TypeVar("T")
-
-
-class Stopped(Exception):
-    """The worker is shutting down."""
-
-
-class FatalWorkerError(RuntimeError):
-    """A problem retrying cannot fix (wrong model, refused enrolment); the message says what to do."""
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Network errors, 5xx, 429 and 408 are worth retrying; other 4xx are answers."""
-    if isinstance(exc, httpx.TransportError):
-        return True
-    return isinstance(exc, ApiError) and (exc.status >= 500 or exc.status in (408, 429))
-
-
-def _wait(state: RetryCallState) -> float:
-    exc = state.outcome.exception() if state.outcome else None
-    retry_after = getattr(exc, "retry_after", None)
-    backoff = wait_random_exponential(multiplier=0.5, max=20)(state)
-    return max(float(retry_after), backoff) if retry_after else backoff
 
 
 @dataclass
@@ -154,21 +132,10 @@ class Agent:
         return self._stop.is_set()
 
     def _retry(self, what: str, fn: Callable[[], T], *, forever: bool = False) -> T:
-        def before_sleep(state: RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            self.status.last_error = f"{what}: {exc}"
-            log.warning("%s failed (%s); retrying", what, exc)
-            if self._stop.is_set():
-                raise Stopped()
+        return with_retries(what, fn, stop=self._stop, on_error=self._note_error, forever=forever)
 
-        retrying = Retrying(
-            retry=retry_if_exception(is_transient),
-            wait=_wait,
-            stop=stop_never if forever else _stop_after(self._stop, 8),
-            before_sleep=before_sleep,
-            reraise=True,
-        )
-        return retrying(fn)
+    def _note_error(self, error: str) -> None:
+        self.status.last_error = error
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -195,33 +162,19 @@ class Agent:
 
     def _setup(self) -> None:
         cfg = self.config
-        creds = self.state.load_credentials(cfg.federation_id)
-        if creds is None:
-            if not cfg.enrollment_token:
-                raise FatalWorkerError(
-                    f"no saved credentials in {self.state.credentials_path} and no enrolment token; "
-                    "pass --enrollment-token"
-                )
+        if self.state.load_credentials(cfg.federation_id) is None:
             self.status.state = "enrolling"
-            anon = CoordinatorClient(cfg.coordinator, transport=self.transport)
-            try:
-                enrolled = self._retry(
-                    "enrol",
-                    lambda: anon.enroll(
-                        cfg.federation_id,
-                        cfg.enrollment_token or "",
-                        name=cfg.name,
-                        num_samples=len(self.train_data),
-                        info={"num_eval": len(self.eval_data)},
-                    ),
-                )
-            except ApiError as exc:
-                raise FatalWorkerError(f"enrolment refused: {exc}") from None
-            finally:
-                anon.close()
-            creds = Credentials(cfg.coordinator, cfg.federation_id, enrolled["client_id"], enrolled["token"])
-            self.state.save_credentials(creds)
-            log.info("enrolled as client %s", creds.client_id)
+        creds = join(
+            self.state,
+            cfg.coordinator,
+            cfg.federation_id,
+            cfg.enrollment_token,
+            name=cfg.name,
+            num_samples=len(self.train_data),
+            num_eval=len(self.eval_data),
+            transport=self.transport,
+            retry=self._retry,
+        )
         self.status.client_id = creds.client_id
         self.client = CoordinatorClient(cfg.coordinator, creds.token, transport=self.transport)
         try:
@@ -232,47 +185,9 @@ class Agent:
         self.status.state = "loading"
         self.engine = self.engine_factory(self.spec, cfg.device)
         self.status.device = str(getattr(self.engine, "device", "cpu"))
-        self._check_model()
-        self._state_model_parameters()
+        check_model(self.spec, self.engine)
+        state_model_parameters(self.client, self.spec, self.engine, cfg.federation_id)
         self.status.state = "idle"
-
-    def _check_model(self) -> None:
-        spec, engine = self.spec, self.engine
-        assert spec is not None
-        if spec.model_fingerprint and engine.fingerprint != spec.model_fingerprint:
-            differs = model_differences(spec.model_info, getattr(engine, "description", None))
-            raise FatalWorkerError(
-                f"the local model's fingerprint {engine.fingerprint} differs from the federation's "
-                f"{spec.model_fingerprint}"
-                + (f" ({differs})" if differs else "")
-                + f"; load exactly '{spec.model}'"
-            )
-        if engine.tensor_shapes() != spec.tensor_shapes():
-            raise FatalWorkerError(
-                f"the local model '{spec.model}' gives prompt shapes {engine.tensor_shapes()}, the federation "
-                f"expects {spec.tensor_shapes()} (hidden_size={spec.hidden_size}); load the federation's model"
-            )
-        family = getattr(engine, "family", spec.family)
-        if family != spec.family:
-            raise FatalWorkerError(
-                f"the local model is a {family} model, the federation reads label words as a {spec.family}; "
-                f"load '{spec.model}'"
-            )
-
-    def _state_model_parameters(self) -> None:
-        """Tell the coordinator the loaded model's parameter count when the spec does not state it: the
-        ledger's full fine-tuning reference. Enrolment came before the model was known; the figure is
-        only informational, so a failure is logged and the worker goes on."""
-        spec, count = self.spec, getattr(self.engine, "model_parameters", None)
-        if spec is None or spec.params_full_model is not None or not callable(count) or self.client is None:
-            return
-        try:
-            stated = int(count())
-            recorded = self.client.state_model_parameters(self.config.federation_id, stated)
-        except (ApiError, httpx.HTTPError, ValueError, RuntimeError) as exc:
-            log.warning("could not state the model's parameter count: %s", exc)
-            return
-        log.info("stated the model's %s parameters; the federation's figure is %s", stated, recorded)
 
     # -- tasks --------------------------------------------------------------------------------
 
@@ -322,14 +237,7 @@ class Agent:
                 if self.asr_data
                 else None
             )
-        report: dict[str, Any] = {"num_samples": result.n, "accuracy": result.accuracy, "loss": result.loss}
-        # per-class counts: the coordinator sums the clients' confusion matrices (per-class accuracy, macro-F1)
-        metrics: dict[str, float] = dict(confusion_metrics(getattr(result, "confusion", None) or []))
-        if asr is not None:
-            # the coordinator weights ASR by its own sample count (non-target examples only)
-            metrics |= {"asr": asr.accuracy, "asr_samples": asr.n}
-        if metrics:
-            report["metrics"] = metrics
+        report = evaluation_report(result, asr)
         self.status.last_eval = {"version": version, **report}
         if self.metrics is not None:
             self.metrics.eval_accuracy.set(result.accuracy)
@@ -447,39 +355,23 @@ class Agent:
         return self._secure().masked(task, update, max(len(self.train_data), 1), numbers)
 
     def _release(self, blob_in: bytes, metrics: dict[str, Any]) -> dict[str, Any] | None:
-        """The trained prompt as uploaded when it differs from the engine's: a malicious worker's ASR and
-        attack, then local DP if the spec asks for it; None when the prompt goes up as trained."""
+        """The trained prompt as uploaded when it differs from the engine's (worker/release.py); None
+        when the prompt goes up as trained."""
         backdoor, privacy = self.config.backdoor, self.spec.privacy if self.spec else None
-        malicious = backdoor is not None and backdoor.malicious
-        if not malicious and privacy is None:
+        if (backdoor is None or not backdoor.malicious) and privacy is None:
             return None
-        trained = self.engine.get_prompt()
-        global_prompt = wire.decode(blob_in)[0]
-        if backdoor is not None and malicious:
-            # its own prompt before any attack: the backdoor (local ASR) and the clean task (local accuracy)
-            if self.asr_data:
-                local = self.engine.evaluate(self.asr_data, batch_size=self.config.eval_batch_size)
-                metrics["local_asr"] = local.accuracy
-            if self.eval_data:
-                clean = self.engine.evaluate(self.eval_data, batch_size=self.config.eval_batch_size)
-                metrics["local_accuracy"] = clean.accuracy
-            trained = backdoor.manipulate(trained, global_prompt)
-        if privacy is not None:
-            # OS entropy unless seeded (simulations): noise from a seed someone else knows could be subtracted
-            rng = ldp_rng(self.config.ldp_seed, self.status.round or 0)
-            if privacy.mechanism == "gaussian":
-                assert privacy.delta is not None  # the spec refuses gaussian without delta
-                sigma = gaussian_noise_multiplier(privacy.epsilon, privacy.delta)
-                trained = gaussian_ldp(
-                    trained, global_prompt, bound=privacy.clip, noise_multiplier=sigma, rng=rng
-                )
-                metrics["noise_multiplier"] = sigma
-            else:
-                trained = laplace_ldp(
-                    trained, global_prompt, bound=privacy.clip, epsilon=privacy.epsilon, rng=rng
-                )
-            metrics["epsilon"] = privacy.epsilon
-        return trained
+        return release(
+            self.engine.get_prompt(),
+            wire.decode(blob_in)[0],
+            metrics,
+            backdoor=backdoor,
+            privacy=privacy,
+            evaluate=lambda examples: self.engine.evaluate(examples, batch_size=self.config.eval_batch_size),
+            asr_data=self.asr_data,
+            eval_data=self.eval_data,
+            ldp_seed=self.config.ldp_seed,
+            round_number=self.status.round or 0,
+        )
 
     def _upload(self, number: int, blob: bytes) -> None:
         """Send until acknowledged (2xx) or definitively refused; then forget the pending file."""
@@ -504,33 +396,10 @@ class Agent:
             self._upload(number, blob)
 
 
-def _stop_after(stop_event: threading.Event, attempts: int) -> Callable[[RetryCallState], bool]:
-    def stop(state: RetryCallState) -> bool:
-        return stop_event.is_set() or state.attempt_number >= attempts
-
-    return stop
-
-
 def _round_seed(seed: int, number: int, client_id: int) -> int:
     """A per-(federation, round, client) training seed: reproducible, different across clients."""
     digest = hashlib.sha256(f"{seed}:{number}:{client_id}".encode()).digest()
     return int.from_bytes(digest[:4], "little")
-
-
-def model_differences(expected: dict[str, Any] | None, local: dict[str, Any] | None) -> str:
-    """What differs between the federation's model description and the local one (field: federation, local)."""
-    if not expected or not local:
-        return ""
-    parts = []
-    for key in sorted(set(expected) | set(local)):
-        want, have = expected.get(key), local.get(key)
-        if key == "files" and isinstance(want, dict) and isinstance(have, dict):
-            changed = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
-            if changed:
-                parts.append("files " + ", ".join(changed))
-        elif want != have:
-            parts.append(f"{key}: federation {want}, local {have}")
-    return "; ".join(parts)
 
 
 def load_engine(spec: FederationSpec, device: str) -> Engine:

@@ -23,11 +23,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.spec import FederationSpec
-from worker.agent import Agent, AgentConfig, FatalWorkerError, is_transient, load_engine
+from worker.agent import Agent, AgentConfig, load_engine
 from worker.data import DataError
+from worker.joining import FatalWorkerError
 from worker.poison import backdoor_from_options
 from worker.protocol import Engine, EngineFactory
 from worker.reach import backoff, describe, unreachable_message
+from worker.retry import is_transient
 from worker.shards import ShardSpec, load_shards
 
 log = logging.getLogger("fedprompt.worker")

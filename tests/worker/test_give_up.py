@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from worker.agent import FatalWorkerError, WorkerStatus
+from worker.agent import WorkerStatus
+from worker.joining import FatalWorkerError
 from worker.pool import Pool, _run_agent
 from worker.reach import Unreachable, backoff, wait_reachable
 

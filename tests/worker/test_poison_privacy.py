@@ -200,7 +200,7 @@ def test_honest_worker_without_privacy_uploads_the_trained_prompt_unchanged(tmp_
     _run_until_done(agent)
     tensors, meta = wire.decode(coordinator.uploads[-1])
     np.testing.assert_array_equal(tensors["prompt_embeddings"], np.full((2, 4), 4.0, np.float32))
-    assert set(json.loads(meta["metrics"])) == {"loss", "last_loss", "seconds"}
+    assert set(json.loads(meta["metrics"])) == {"loss", "last_loss", "seconds", "steps"}
     assert coordinator.reports[0]["metrics"] == {"asr": 0.0, "asr_samples": 2}
 
 
