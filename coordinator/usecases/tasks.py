@@ -47,13 +47,24 @@ class Tasks:
         return pv
 
     def next_task(self, fid: int, client: Client) -> dict[str, Any] | None:
-        """What this client should do now: evaluate the latest prompt (when that version is due an
-        evaluation: the spec's eval_every), train for a round, or nothing."""
+        """What this client should do now: answer a secure round's keys, shares or unmasking stage
+        (first: they take milliseconds and have short deadlines), evaluate the latest prompt (when that
+        version is due an evaluation: the spec's eval_every), train for a round, or nothing."""
         with self.store.sessions() as s:
             c = s.connection()  # plain column reads on the Core connection: no ORM result processing
             fed = self.store.fed_row(s, fid)
             spec = self.store.spec(s, fid)
             latest = fed.latest_version
+            rnd = c.execute(
+                select(Round.id, Round.number, Round.attempt, Round.base_version, Round.deadline_at).where(
+                    Round.federation_id == fid, Round.state == "open"
+                )
+            ).first()
+            step = None  # a secure round's stage for this client: its stage decides, uploaded or not
+            if spec.secure_aggregation is not None and rnd is not None:
+                step = self.secure.task(s, fid, rnd, client.id, spec)
+                if step is not None and step["stage"] != "masked":  # the masked stage trains first
+                    return step
             if evaluation_due(latest, eval_every=spec.eval_every, rounds=spec.rounds):
                 evaluated = c.scalar(
                     select(Evaluation.id)
@@ -71,11 +82,6 @@ class Tasks:
                         "version": latest,
                         "sha256": self.store.version_sha(s, fed, latest),
                     }
-            rnd = c.execute(
-                select(Round.id, Round.number, Round.attempt, Round.base_version, Round.deadline_at).where(
-                    Round.federation_id == fid, Round.state == "open"
-                )
-            ).first()
             if rnd is not None:
                 pending = c.scalar(  # selected for the round and not uploaded yet
                     select(Participant.id)
@@ -91,17 +97,14 @@ class Tasks:
                         Update.id.is_(None),
                     )
                 )
-                if spec.secure_aggregation is not None:  # its stage decides, uploaded or not
-                    step = self.secure.task(s, fid, rnd, client.id, spec)
-                    if step is not None and step["stage"] == "masked":
+                if spec.secure_aggregation is not None:
+                    if step is not None:  # train, then upload a masked vector
                         return {
                             **self._train_task(s, fed, rnd, spec),
                             "secure_aggregation": {
-                                k: v for k, v in step.items() if k not in ("kind", "round")
+                                k: v for k, v in step.items() if k not in ("kind", "round", "version")
                             },
                         }
-                    if step is not None:
-                        return step
                 elif pending is not None:
                     return self._train_task(s, fed, rnd, spec)
             if fed.state == "completed":
