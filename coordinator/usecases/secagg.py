@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 from typing import Any
 
 import numpy as np
@@ -28,12 +29,27 @@ from shared import wire
 from shared.secagg import protocol, quantise, shamir
 from shared.spec import FederationSpec
 
+PLAN_CACHE_ENTRIES = 64
+
 
 class SecureRounds:
     """The stages of secure rounds, over the store."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self._plans: dict[int, rules.Plan] = {}  # round attempt id -> its plan (fixed when it opens)
+        self._plans_lock = threading.Lock()
+
+    def _plan(self, sa_row: SecaggRound) -> rules.Plan:
+        """The attempt's plan, parsed once per process (a plan never changes)."""
+        with self._plans_lock:
+            plan = self._plans.get(sa_row.round_id)
+            if plan is None:
+                plan = rules.Plan.from_json(sa_row.plan)
+                if len(self._plans) >= PLAN_CACHE_ENTRIES:
+                    self._plans.pop(next(iter(self._plans)))
+                self._plans[sa_row.round_id] = plan
+            return plan
 
     # -- the round cycle's side -----------------------------------------------------------------
 
@@ -53,17 +69,20 @@ class SecureRounds:
         "next" once the unmasking stage is over (aggregate now), "fail" with the reason, or "wait"."""
         sa_row = self._row(s, rnd.id)
         assert spec.secure_aggregation is not None
-        plan = rules.Plan.from_json(sa_row.plan)
+        plan = self._plan(sa_row)
         now = self.store.clock()
         while sa_row.stage in rules.STAGES:
             stage = sa_row.stage
             expected = self._expected(sa_row, plan)
+            deadline_passed = rnd.deadline_at <= now
+            if not deadline_passed and self._answered(s, rnd.id, stage) < len(expected):
+                return rules.StageOutcome("wait")
             arrived = self._arrived(s, rnd.id, stage, plan)
             outcome = rules.stage_outcome(
                 stage,
                 expected,
                 arrived,
-                deadline_passed=rnd.deadline_at <= now,
+                deadline_passed=deadline_passed,
                 t=plan.t,
                 quorum=spec.quorum,
             )
@@ -115,7 +134,7 @@ class SecureRounds:
         sa = spec.secure_aggregation
         assert sa is not None
         sa_row = self._row(s, rnd.id)
-        plan = rules.Plan.from_json(sa_row.plan)
+        plan = self._plan(sa_row)
         survivors = set(sa_row.reached["masked"])
         shapes = spec.tensor_shapes()
         length = sum(int(np.prod(shape)) for shape in shapes.values())
@@ -155,7 +174,7 @@ class SecureRounds:
         sa_row = s.get(SecaggRound, rnd.id)
         if sa_row is None:
             return None
-        plan = rules.Plan.from_json(sa_row.plan)
+        plan = self._plan(sa_row)
         own = plan.indices.get(client_id)
         if own is None:
             return None
@@ -192,11 +211,12 @@ class SecureRounds:
         }
         if stage == "keys":
             return base
-        keys = self._keys(s, rnd.id, plan)
         if stage == "shares":
             peers = rules.recipients(plan, own, set(reached["keys"]))
+            keys = self._keys(s, rnd.id, plan, peers)
             return {**base, "neighbours": {str(j): self._keys_json(keys[j]) for j in peers}}
         envelopes = self._envelopes_to(s, rnd.id, plan, client_id)
+        keys = self._keys(s, rnd.id, plan, list(envelopes))
         peers = {str(j): self._keys_json(keys[j]) for j in envelopes}
         env = {str(j): base64.b64encode(e).decode() for j, e in envelopes.items()}
         if stage == "masked":
@@ -373,7 +393,7 @@ class SecureRounds:
         sa_row = s.get(SecaggRound, rnd.id)
         if selected is None or sa_row is None:
             raise Forbidden(f"client {client.id} was not selected for round {number}")
-        plan = rules.Plan.from_json(sa_row.plan)
+        plan = self._plan(sa_row)
         return rnd, sa_row, plan, plan.indices[client.id]
 
     @staticmethod
@@ -408,13 +428,27 @@ class SecureRounds:
             ).all()
         return {plan.indices[c] for c in ids if c in plan.indices}
 
-    def _keys(self, s: Session, round_id: int, plan: rules.Plan) -> dict[int, protocol.PeerKeys]:
-        rows = s.execute(
-            select(SecaggMessage.sender_id, SecaggMessage.payload).where(
-                SecaggMessage.round_id == round_id, SecaggMessage.stage == "keys"
+    def _answered(self, s: Session, round_id: int, stage: str) -> int:
+        """How many clients answered the stage (a count: cheaper than who, while a stage fills)."""
+        if stage == "masked":
+            query = select(func.count()).select_from(Update).where(Update.round_id == round_id)
+        else:
+            query = select(func.count(func.distinct(SecaggMessage.sender_id))).where(
+                SecaggMessage.round_id == round_id, SecaggMessage.stage == stage
             )
-        ).all()
-        return {plan.indices[c]: protocol.PeerKeys.from_json(json.loads(p)) for c, p in rows}
+        return s.scalar(query) or 0
+
+    def _keys(
+        self, s: Session, round_id: int, plan: rules.Plan, numbers: list[int] | None = None
+    ) -> dict[int, protocol.PeerKeys]:
+        """Advertised keys by number: of the given numbers, or of everyone."""
+        query = select(SecaggMessage.sender_id, SecaggMessage.payload).where(
+            SecaggMessage.round_id == round_id, SecaggMessage.stage == "keys"
+        )
+        if numbers is not None:
+            client_of = plan.client_of()
+            query = query.where(SecaggMessage.sender_id.in_([client_of[j] for j in numbers]))
+        return {plan.indices[c]: protocol.PeerKeys.from_json(json.loads(p)) for c, p in s.execute(query)}
 
     @staticmethod
     def _keys_json(keys: protocol.PeerKeys) -> dict[str, str]:
