@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import aggregation, comm, e2e, ingest, report, scoring, worker
+from bench import aggregation, comm, e2e, ingest, report, scoring, secagg, worker
 from shared import wire
 
 
@@ -149,3 +149,11 @@ def test_report_fills_the_marked_tables(tmp_path: Path) -> None:
     report.main(["--results", str(tmp_path), "--out", str(md)])
     text = md.read_text()
     assert "old" not in text and "| 10 |" in text and text.startswith("intro") and text.endswith("kept\n")
+
+
+def test_secagg_runs_a_plain_and_a_secure_round_per_k(tmp_path: Path) -> None:
+    secagg.main(["--k", "3", "--tokens", "2", "--hidden", "4", "--threads", "2", "--out-dir", str(tmp_path)])
+    (run,) = _result(tmp_path, "secagg")["runs"]
+    assert run["k"] == 3 and run["secure"]["k_neighbours"] == 2 and run["secure"]["t"] == 2
+    assert set(run["secure"]["stage_bytes_up"]) == {"keys", "shares", "masked", "unmask"}
+    assert run["secure_over_plain"]["bytes_up_per_client"] > 1
