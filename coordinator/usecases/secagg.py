@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from coordinator.db import Client, Federation, Participant, Round, SecaggMessage, SecaggRound, Update
@@ -25,6 +25,7 @@ from coordinator.logic import secagg as rules
 from coordinator.logic.aggregation import AggregationError
 from coordinator.logic.uploads import UploadResult
 from coordinator.store import Store
+from coordinator.usecases import secagg_messages as msgs
 from shared import wire
 from shared.secagg import protocol, quantise, shamir
 from shared.spec import FederationSpec
@@ -73,11 +74,11 @@ class SecureRounds:
         now = self.store.clock()
         while sa_row.stage in rules.STAGES:
             stage = sa_row.stage
-            expected = self._expected(sa_row, plan)
+            expected = msgs.expected_numbers(sa_row, plan)
             deadline_passed = rnd.deadline_at <= now
-            if not deadline_passed and self._answered(s, rnd.id, stage) < len(expected):
+            if not deadline_passed and msgs.answered(s, rnd.id, stage) < len(expected):
                 return rules.StageOutcome("wait")
-            arrived = self._arrived(s, rnd.id, stage, plan)
+            arrived = msgs.arrived_numbers(s, rnd.id, stage, plan)
             outcome = rules.stage_outcome(
                 stage,
                 expected,
@@ -96,7 +97,7 @@ class SecureRounds:
                 sa_row.stage = "failed"
                 return outcome
             if stage == "unmask":
-                missing = self._missing(s, rnd.id, plan, reached)
+                missing = msgs.missing_shares(s, rnd.id, plan, reached)
                 if missing:
                     sa_row.stage = "failed"
                     client_of = plan.client_of()
@@ -147,9 +148,9 @@ class SecureRounds:
                 total = total + protocol.decode_masked(blob, length)
                 weight_total += int(weight)
         context = protocol.round_context(rnd.federation_id, rnd.number, rnd.attempt)
-        keys = self._keys(s, rnd.id, plan)
-        included = self._included_by(s, rnd.id, plan, sa_row.reached)
-        revealed = self._revealed(s, rnd.id, plan)
+        keys = msgs.advertised_keys(s, rnd.id, plan)
+        included = msgs.included_by(s, rnd.id, plan, sa_row.reached)
+        revealed = msgs.revealed(s, rnd.id, plan)
         try:
             summed = protocol.unmasked_sum(
                 total, sorted(survivors), included, revealed, keys, plan.t, context
@@ -161,7 +162,7 @@ class SecureRounds:
         tensors = protocol.unflatten(flat_base + mean, shapes)
         record = rules.round_record(sa, plan, sa_row.reached)
         record["weight_total"] = weight_total
-        record["bytes_up"] = self._stage_bytes(s, rnd.id)
+        record["bytes_up"] = msgs.stage_bytes(s, rnd.id)
         record["guarantees"] = rules.guarantees(spec)
         return tensors, record
 
@@ -180,7 +181,7 @@ class SecureRounds:
             return None
         stage = sa_row.stage
         reached = sa_row.reached
-        if stage != "keys" and own not in reached.get(self._before(stage), []):
+        if stage != "keys" and own not in reached.get(msgs.stage_before(stage), []):
             return None
         posted = s.scalar(
             select(SecaggMessage.id)
@@ -213,11 +214,11 @@ class SecureRounds:
             return base
         if stage == "shares":
             peers = rules.recipients(plan, own, set(reached["keys"]))
-            keys = self._keys(s, rnd.id, plan, peers)
-            return {**base, "neighbours": {str(j): self._keys_json(keys[j]) for j in peers}}
-        envelopes = self._envelopes_to(s, rnd.id, plan, client_id)
-        keys = self._keys(s, rnd.id, plan, list(envelopes))
-        peers = {str(j): self._keys_json(keys[j]) for j in envelopes}
+            keys = msgs.advertised_keys(s, rnd.id, plan, peers)
+            return {**base, "neighbours": {str(j): msgs.keys_json(keys[j]) for j in peers}}
+        envelopes = msgs.envelopes_to(s, rnd.id, plan, client_id)
+        keys = msgs.advertised_keys(s, rnd.id, plan, list(envelopes))
+        peers = {str(j): msgs.keys_json(keys[j]) for j in envelopes}
         env = {str(j): base64.b64encode(e).decode() for j, e in envelopes.items()}
         if stage == "masked":
             return {
@@ -253,7 +254,7 @@ class SecureRounds:
             elif stage == "unmask":
                 if own not in reached.get("masked", []):
                     raise self._not_now(stage, sa_row.stage, number)
-                senders = set(self._senders_to(s, rnd.id, plan, client.id))
+                senders = set(msgs.senders_to(s, rnd.id, plan, client.id))
                 survivors = set(reached["masked"])
                 dropped = set(reached["shares"]) - survivors
                 parsed = rules.parse_reveal(payload, senders & survivors, senders & dropped)
@@ -359,24 +360,6 @@ class SecureRounds:
                 number, rnd.attempt, client.id, digest, weight, len(body), created=True, round_complete=True
             )
 
-    # -- reads ----------------------------------------------------------------------------------
-
-    def _stage_bytes(self, s: Session, round_id: int) -> dict[str, int]:
-        """Bytes the clients sent in each stage of the round attempt (masked: the vectors stored)."""
-        rows = s.execute(
-            select(SecaggMessage.stage, func.sum(func.length(SecaggMessage.payload)))
-            .where(SecaggMessage.round_id == round_id)
-            .group_by(SecaggMessage.stage)
-        ).all()
-        sent = {stage: int(total or 0) for stage, total in rows}
-        masked = s.scalar(select(func.sum(Update.size)).where(Update.round_id == round_id)) or 0
-        return {
-            "keys": sent.get("keys", 0),
-            "shares": sent.get("shares", 0),
-            "masked": int(masked),
-            "unmask": sent.get("unmask", 0),
-        }
-
     def _place(
         self, s: Session, fid: int, number: int, client: Client, spec: FederationSpec
     ) -> tuple[Round, SecaggRound, rules.Plan, int]:
@@ -402,108 +385,8 @@ class SecureRounds:
             f"round {number} is in its {current} stage; {stage} are not taken from this client now"
         )
 
-    @staticmethod
-    def _before(stage: str) -> str:
-        return {"shares": "keys", "masked": "shares", "unmask": "masked"}.get(stage, "keys")
-
     def _row(self, s: Session, round_id: int) -> SecaggRound:
         row = s.get(SecaggRound, round_id)
         if row is None:
             raise Conflict(f"round attempt {round_id} has no secure aggregation plan")
         return row
-
-    def _expected(self, sa_row: SecaggRound, plan: rules.Plan) -> set[int]:
-        if sa_row.stage == "keys":
-            return set(plan.indices.values())
-        return set(sa_row.reached[self._before(sa_row.stage)])
-
-    def _arrived(self, s: Session, round_id: int, stage: str, plan: rules.Plan) -> set[int]:
-        if stage == "masked":
-            ids = s.scalars(select(Update.client_id).where(Update.round_id == round_id)).all()
-        else:
-            ids = s.scalars(
-                select(SecaggMessage.sender_id)
-                .where(SecaggMessage.round_id == round_id, SecaggMessage.stage == stage)
-                .distinct()
-            ).all()
-        return {plan.indices[c] for c in ids if c in plan.indices}
-
-    def _answered(self, s: Session, round_id: int, stage: str) -> int:
-        """How many clients answered the stage (a count: cheaper than who, while a stage fills)."""
-        if stage == "masked":
-            query = select(func.count()).select_from(Update).where(Update.round_id == round_id)
-        else:
-            query = select(func.count(func.distinct(SecaggMessage.sender_id))).where(
-                SecaggMessage.round_id == round_id, SecaggMessage.stage == stage
-            )
-        return s.scalar(query) or 0
-
-    def _keys(
-        self, s: Session, round_id: int, plan: rules.Plan, numbers: list[int] | None = None
-    ) -> dict[int, protocol.PeerKeys]:
-        """Advertised keys by number: of the given numbers, or of everyone."""
-        query = select(SecaggMessage.sender_id, SecaggMessage.payload).where(
-            SecaggMessage.round_id == round_id, SecaggMessage.stage == "keys"
-        )
-        if numbers is not None:
-            client_of = plan.client_of()
-            query = query.where(SecaggMessage.sender_id.in_([client_of[j] for j in numbers]))
-        return {plan.indices[c]: protocol.PeerKeys.from_json(json.loads(p)) for c, p in s.execute(query)}
-
-    @staticmethod
-    def _keys_json(keys: protocol.PeerKeys) -> dict[str, str]:
-        return {
-            "encryption_key": protocol.b64(keys.encryption_key),
-            "mask_key": protocol.b64(keys.mask_key),
-            "seed_commitment": keys.seed_commitment,
-        }
-
-    def _envelopes_to(self, s: Session, round_id: int, plan: rules.Plan, client_id: int) -> dict[int, bytes]:
-        rows = s.execute(
-            select(SecaggMessage.sender_id, SecaggMessage.payload).where(
-                SecaggMessage.round_id == round_id,
-                SecaggMessage.stage == "shares",
-                SecaggMessage.recipient_id == client_id,
-            )
-        ).all()
-        return {plan.indices[c]: p for c, p in rows}
-
-    def _senders_to(self, s: Session, round_id: int, plan: rules.Plan, client_id: int) -> list[int]:
-        return sorted(self._envelopes_to(s, round_id, plan, client_id))
-
-    def _included_by(
-        self, s: Session, round_id: int, plan: rules.Plan, reached: dict[str, list[int]]
-    ) -> dict[int, list[int]]:
-        """Each dropped client (shared, no masked vector) -> the survivors that masked with it."""
-        survivors = set(reached["masked"])
-        dropped = set(reached["shares"]) - survivors
-        client_of = plan.client_of()
-        out: dict[int, list[int]] = {j: [] for j in dropped}
-        for sender, recipient in s.execute(
-            select(SecaggMessage.sender_id, SecaggMessage.recipient_id).where(
-                SecaggMessage.round_id == round_id,
-                SecaggMessage.stage == "shares",
-                SecaggMessage.sender_id.in_([client_of[j] for j in dropped]),
-            )
-        ):
-            i = plan.indices.get(recipient)
-            if i in survivors:
-                out[plan.indices[sender]].append(i)
-        return {j: sorted(v) for j, v in out.items()}
-
-    def _revealed(self, s: Session, round_id: int, plan: rules.Plan) -> dict[int, dict[int, int]]:
-        revealed: dict[int, dict[int, int]] = {}
-        for holder, payload in s.execute(
-            select(SecaggMessage.sender_id, SecaggMessage.payload).where(
-                SecaggMessage.round_id == round_id, SecaggMessage.stage == "unmask"
-            )
-        ):
-            for sender, item in json.loads(payload).items():
-                revealed.setdefault(int(sender), {})[plan.indices[holder]] = int(item["share"])
-        return revealed
-
-    def _missing(
-        self, s: Session, round_id: int, plan: rules.Plan, reached: dict[str, list[int]]
-    ) -> list[int]:
-        needed = rules.needed_secrets(set(reached["masked"]), self._included_by(s, round_id, plan, reached))
-        return rules.missing_shares(needed, self._revealed(s, round_id, plan), plan.t)
