@@ -124,6 +124,18 @@ def worker_cmd() -> list[str]:
     return [str(Path(sys.executable).parent / "fedprompt-worker")]
 
 
+def start_pool(config: Path, workdir: Path, name: str) -> tuple[subprocess.Popen, str]:
+    """`fedprompt-worker pool --config CONFIG` on a free port, its output in WORKDIR/NAME.log; (process, URL)."""
+    port = free_port()
+    log = open(workdir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
+    proc = subprocess.Popen(
+        [*worker_cmd(), "pool", "--config", str(config), "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    return proc, f"http://127.0.0.1:{port}"
+
+
 def start_worker(
     coordinator: str,
     fid: int,

@@ -14,7 +14,14 @@ from sqlalchemy import func, select
 
 from coordinator.db import Client, Update, make_engine, make_sessionmaker
 from shared.client import CoordinatorClient
-from tests.helpers import ADMIN, coordinator_process, free_port, stop_all, wait_for, worker_cmd, worker_status
+from tests.helpers import (
+    ADMIN,
+    coordinator_process,
+    start_pool,
+    stop_all,
+    wait_for,
+    worker_status,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -40,17 +47,6 @@ def _pool_file(path: Path, url: str, fid: int, token: str, ids: list[int], workd
     return path
 
 
-def _start_pool(config: Path, workdir: Path, name: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    log = open(workdir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
-    proc = subprocess.Popen(
-        [*worker_cmd(), "pool", "--config", str(config), "--port", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    return proc, f"http://127.0.0.1:{port}"
-
-
 def _per_client_updates(db: str) -> tuple[int, dict[int, int]]:
     engine = make_engine(db)
     with make_sessionmaker(engine)() as s:
@@ -71,7 +67,7 @@ def test_two_pool_processes_serve_six_clients(tmp_path: Path) -> None:
         token = admin.create_enrollment_token(fid, max_uses=K)
         try:
             pools = [
-                _start_pool(
+                start_pool(
                     _pool_file(tmp_path / f"pool-{p}.json", url, fid, token, ids, tmp_path),
                     tmp_path,
                     f"pool-{p}",
@@ -124,8 +120,8 @@ def test_pool_process_killed_mid_round_loses_no_update(tmp_path: Path) -> None:
             for p, ids in enumerate([[0, 1], [2, 3]])
         ]
         try:
-            victim, victim_url = _start_pool(configs[0], tmp_path, "pool-0")
-            other, _ = _start_pool(configs[1], tmp_path, "pool-1")
+            victim, victim_url = start_pool(configs[0], tmp_path, "pool-0")
+            other, _ = start_pool(configs[1], tmp_path, "pool-1")
             procs += [victim, other]
 
             def training() -> bool:
@@ -138,7 +134,7 @@ def test_pool_process_killed_mid_round_loses_no_update(tmp_path: Path) -> None:
             victim.send_signal(signal.SIGKILL)
             victim.wait(10)
             # The same pool again: its clients reuse their saved credentials and train the open round.
-            again, again_url = _start_pool(configs[0], tmp_path, "pool-0-again")
+            again, again_url = start_pool(configs[0], tmp_path, "pool-0-again")
             procs.append(again)
             wait_for(lambda: admin.federation(fid)["state"] == "completed", 600, "the round to complete")
             status = wait_for(lambda: worker_status(again_url), 30, "restarted pool status")

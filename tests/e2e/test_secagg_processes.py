@@ -28,10 +28,9 @@ from tests.helpers import (
     ADMIN_AUTH,
     SMALL_SPEC,
     coordinator_process,
-    free_port,
+    start_pool,
     stop_all,
     wait_for,
-    worker_cmd,
     worker_status,
 )
 from tests.secagg_clients import ScriptedClient, close_to_any
@@ -170,17 +169,6 @@ def _pool_file(path: Path, url: str, fid: int, token: str, n: int, workdir: Path
     return path
 
 
-def _start_pool(config: Path, workdir: Path, name: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    log = open(workdir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
-    proc = subprocess.Popen(
-        [*worker_cmd(), "pool", "--config", str(config), "--port", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    return proc, f"http://127.0.0.1:{port}"
-
-
 def _pool_idle(url: str, n: int) -> bool:
     status = worker_status(url)
     return (
@@ -211,7 +199,7 @@ def test_pool_workers_with_sites_dropping_at_each_stage(tmp_path: Path) -> None:
         fid = admin.create_federation(spec_json)["id"]
         token = admin.create_enrollment_token(fid, max_uses=7)
         config = _pool_file(tmp_path / "pool.json", url, fid, token, 7, tmp_path)
-        pool, pool_url = _start_pool(config, tmp_path, "pool")
+        pool, pool_url = start_pool(config, tmp_path, "pool")
         procs.append(pool)
         try:
             wait_for(lambda: _pool_idle(pool_url, 7), 120, "the pool's clients to load the model")
@@ -275,7 +263,7 @@ def test_a_pool_killed_before_unmasking_answers_after_its_restart(tmp_path: Path
         fid = admin.create_federation(spec_json)["id"]
         token = admin.create_enrollment_token(fid, max_uses=3)
         config = _pool_file(tmp_path / "pool.json", url, fid, token, 3, tmp_path)
-        first, first_url = _start_pool(config, tmp_path, "pool-first")
+        first, first_url = start_pool(config, tmp_path, "pool-first")
         procs.append(first)
         try:
             wait_for(lambda: _pool_idle(first_url, 3), 120, "the pool's clients to load the model")
@@ -295,7 +283,7 @@ def test_a_pool_killed_before_unmasking_answers_after_its_restart(tmp_path: Path
             first.wait(10)
             site.holds.clear()
             wait_for(lambda: "masked" in {s for _, s in site.done}, 30, "the site's masked vector")
-            second, _ = _start_pool(config, tmp_path, "pool-second")
+            second, _ = start_pool(config, tmp_path, "pool-second")
             procs.append(second)
             wait_for(
                 lambda: admin.federation(fid)["state"] == "completed", 120, "the round after the restart"

@@ -158,8 +158,15 @@ def test_pool_processes_serve_more_clients_and_a_killed_one_is_restarted(tmp_pat
         wait_for(
             lambda: any(r["state"] == "open" for r in _history(out)), 600, "round 1 to open", interval=0.5
         )
+        # two processes for five clients (under load the second may still be starting when round 1 opens)
+        wait_for(
+            lambda: len(processes_mentioning(str(out / "pools"))) == 2,
+            120,
+            "two pool processes",
+            interval=0.5,
+        )
         pools = processes_mentioning(str(out / "pools"))
-        assert len(pools) == 2  # two processes for five clients
+        assert len(pools) == 2
         victim = next(pid for pid, cmdline in pools if "pool-0.json" in cmdline)
         os.kill(victim, signal.SIGKILL)
         output, _ = proc.communicate(timeout=900)
