@@ -162,8 +162,6 @@ class Agent:
 
     def _setup(self) -> None:
         cfg = self.config
-        if self.state.load_credentials(cfg.federation_id) is None:
-            self.status.state = "enrolling"
         creds = join(
             self.state,
             cfg.coordinator,
@@ -174,6 +172,7 @@ class Agent:
             num_eval=len(self.eval_data),
             transport=self.transport,
             retry=self._retry,
+            on_enrol=lambda: setattr(self.status, "state", "enrolling"),
         )
         self.status.client_id = creds.client_id
         self.client = CoordinatorClient(cfg.coordinator, creds.token, transport=self.transport)

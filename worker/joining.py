@@ -32,8 +32,10 @@ def join(
     num_eval: int,
     transport: httpx.BaseTransport | None,
     retry: Callable[[str, Callable[[], Any]], Any],
+    on_enrol: Callable[[], None] = lambda: None,
 ) -> Credentials:
-    """The saved credentials for this federation, or new ones from enrolling with the token."""
+    """The saved credentials for this federation, or new ones from enrolling with the token (on_enrol
+    is called first)."""
     creds = state.load_credentials(federation_id)
     if creds is not None:
         return creds
@@ -41,6 +43,7 @@ def join(
         raise FatalWorkerError(
             f"no saved credentials in {state.credentials_path} and no enrolment token; pass --enrollment-token"
         )
+    on_enrol()
     anon = CoordinatorClient(coordinator, transport=transport)
     try:
         enrolled = retry(
