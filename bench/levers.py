@@ -1,6 +1,6 @@
 """Where a CPU training step could go faster: bf16 autocast, processes vs threads, several clients per batch.
 
-    python -m bench.levers [--block 4 --pairs 6 --accuracy-steps 200]
+    python -m bench.levers [--block 4 --pairs 6 --bf16-pairs 3 --accuracy-steps 200]
 
 Every lever is measured against the engine's default path (float32, mean-pool scoring, 2 torch
 threads, batch 16, length 64) on the same SST-2 batches, in pairs of blocks run back to back with
@@ -8,11 +8,15 @@ the order alternating, so a burst of load from other jobs hits both sides of a p
 the median over the pairs of (default seconds / lever seconds) per unit of work, so > 1 means the
 lever is faster.
 
-- bf16: ``torch.autocast("cpu", torch.bfloat16)`` around the engine's own ``train``; then both
-  precisions train ``--accuracy-steps`` steps from the same prompt on the same batches and are
-  evaluated on the whole test split (the accuracy the lever would cost).
+- bf16: ``torch.autocast("cpu", torch.bfloat16)`` around the engine's own ``train``; then, if bf16
+  was faster, both precisions train ``--accuracy-steps`` steps from the same prompt on the same
+  batches and are evaluated on the whole test split (the accuracy the lever would cost). The file
+  records the CPU's bf16 flags: without AVX512-BF16 or AMX-BF16, bf16 is emulated and slower.
 - processes: two processes of 1 thread each training at once (what ``simulate --processes 2`` does)
   vs one process of 2 threads training the same number of steps one after another.
+- one thread: the same steps on 1 torch thread instead of 2 (< 1: what a trainer alone on the
+  machine loses when its process was started with cores ÷ P threads; ``worker.slots.ElasticThreads``
+  gives it the idle cores).
 - batched clients: one step of batch 2B (two clients' batches stacked, as a batched multi-client
   forward would run) vs two steps of batch B; > 1 would mean stacking clients pays.
 """
@@ -84,6 +88,15 @@ def _paired(name: str, pairs: int, default: Any, lever: Any) -> dict[str, Any]:
     }
 
 
+def _cpu_flags() -> dict[str, bool]:
+    """Whether this CPU has native bf16 arithmetic (AVX512-BF16, AMX-BF16): what decides the bf16 lever."""
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        flags = set()
+    return {name: name in flags for name in ("avx512_bf16", "amx_bf16", "avx512f")}
+
+
 def _child(conn: Any, steps: int, max_length: int, train_limit: int) -> None:
     """A one-thread training process: load once, then train `steps` steps whenever asked."""
     torch.set_num_threads(1)
@@ -99,6 +112,12 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--block", type=int, default=4, help="training steps per block")
     ap.add_argument("--pairs", type=int, default=6, help="pairs of blocks per lever (after a warm-up pair)")
+    ap.add_argument(
+        "--bf16-pairs",
+        type=int,
+        default=3,
+        help="pairs for bf16 (a block takes minutes where bf16 is emulated)",
+    )
     ap.add_argument("--accuracy-steps", type=int, default=200, help="steps before the bf16 accuracy check")
     ap.add_argument("--max-length", type=int, default=64)
     ap.add_argument("--train-limit", type=int, default=8000)
@@ -119,10 +138,20 @@ def main(argv: list[str] | None = None) -> None:
         return call
 
     levers: dict[str, Any] = {}
-    levers["bf16"] = _paired("bf16", args.pairs, run(False), run(True))
+    levers["bf16"] = _paired("bf16", args.bf16_pairs, run(False), run(True))
     levers["batched_clients"] = _paired(
         "batched", args.pairs, run(False), run(False, batch=32, steps=n // 2 or 1)
     )
+
+    def one_thread(i: int) -> float:
+        torch.set_num_threads(1)
+        try:
+            return run(False)(i)
+        finally:
+            torch.set_num_threads(2)
+
+    # what a lone trainer loses on 1 thread (a pool process of P = cores, before elastic threads)
+    levers["one_thread"] = _paired("one thread", args.pairs, run(False), one_thread)
 
     ctx = mp.get_context("spawn")
     links = []
@@ -152,8 +181,11 @@ def main(argv: list[str] | None = None) -> None:
     for link in links:
         link.send(None)
 
-    accuracy = {}
-    for name, bf16 in (("float32", False), ("bf16", True)):
+    accuracy: dict[str, float] = {}
+    # where bf16 is slower (a CPU without native bf16 arithmetic emulates it), its accuracy is moot and
+    # the check would take hours: it runs only when the lever pays
+    precisions = (("float32", False), ("bf16", True)) if levers["bf16"]["ratio"] > 1 else ()
+    for name, bf16 in precisions:
         engine.set_prompt(init)
         with _precision(bf16):
             engine.train(train, steps=args.accuracy_steps, batch_size=16, lr=LR, seed=7)
@@ -172,6 +204,8 @@ def main(argv: list[str] | None = None) -> None:
         "accuracy_steps": args.accuracy_steps,
         "test_examples": len(test),
         "accuracy": accuracy,
+        "accuracy_skipped": None if accuracy else "bf16 was slower than float32: no accuracy check",
+        "cpu_flags": _cpu_flags(),
         "peak_rss_mib": self_peak_rss_mib(),
     }
     path = write_result("levers", result, out_dir=Path(args.out_dir) if args.out_dir else None)

@@ -103,6 +103,51 @@ def worker_table(doc: dict[str, Any]) -> str:
     )
 
 
+LEVER_ROWS = [
+    ("bf16", "bf16 autocast (`torch.autocast('cpu', torch.bfloat16)`)", "float32", "per example"),
+    ("one_thread", "1 torch thread", "2 threads, same steps", "per example"),
+    (
+        "processes",
+        "2 processes × 1 thread, training at once",
+        "1 process × 2 threads, one after another",
+        "per step",
+    ),
+    ("batched_clients", "one step of batch 32 (two clients stacked)", "two steps of batch 16", "per example"),
+]
+
+
+def levers_table(doc: dict[str, Any]) -> str:
+    """Each lever against the default path: seconds per unit, ratio (default ÷ lever), spread."""
+    lines = [
+        "| lever | baseline (same pairs) | lever s | baseline s | ratio (baseline ÷ lever, median) "
+        "| spread (min–max) | pairs |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for key, lever, baseline, unit in LEVER_ROWS:
+        row = doc["levers"].get(key)
+        if row is None:
+            continue
+        lines.append(
+            f"| {lever} | {baseline} | {row['lever_seconds_median']:.4f} {unit} "
+            f"| {row['default_seconds_median']:.4f} {unit} | **{row['ratio']:.2f}×** "
+            f"| {row['ratio_min']:.2f}×–{row['ratio_max']:.2f}× | {len(row['paired_ratios'])} |"
+        )
+    flags = doc.get("cpu_flags") or {}
+    native = [name for name, present in flags.items() if present and "bf16" in name]
+    acc = doc.get("accuracy") or {}
+    if acc:
+        check = ", ".join(f"{k} {v * 100:.1f} %" for k, v in acc.items())
+        after = f"Test accuracy after {doc['accuracy_steps']} steps from the same prompt: {check}."
+    else:
+        after = f"No accuracy check ({doc.get('accuracy_skipped') or 'not run'})."
+    return (
+        "\n".join(lines)
+        + f"\n\n{doc['model']} on {doc['dataset']}, {doc['scoring'].split(':')[0]} scoring, batch {doc['batch_size']}, "
+        f"max length {doc['max_length']}, {doc['steps_per_block']} steps per block. CPU bf16 instructions: "
+        f"{', '.join(native) if native else 'none (no AVX512-BF16 or AMX-BF16)'}. {after}\n\n" + _machine(doc)
+    )
+
+
 def _mid(cell: dict[str, Any], fmt: Callable[[Any], str]) -> str:
     """A figure over the repeats: median (min–max)."""
     if not cell or cell.get("median") is None:
@@ -248,6 +293,7 @@ TABLES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "comm": ("comm.json", comm_table),
     "aggregation": ("aggregation.json", aggregation_table),
     "worker": ("worker.json", worker_table),
+    "levers": ("levers.json", levers_table),
     "ingest": ("ingest.json", ingest_table),
     "e2e": ("e2e.json", e2e_table),
 }

@@ -422,6 +422,7 @@ def _pool_file(
         enrollment_token=token,
         device=device,
         threads=run.threads,
+        thread_budget=None if device == "cuda" else run.cores,
         poll_wait=2,
         slots_dir=run.out / "slots",
         slots=run.parallel,

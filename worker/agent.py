@@ -32,7 +32,7 @@ from worker.protocol import Engine, EngineFactory
 from worker.release import evaluation_report, release
 from worker.retry import Stopped, with_retries
 from worker.secagg import SecureStages
-from worker.slots import training_slot
+from worker.slots import ElasticThreads, training_slot
 from worker.state import StateDir
 
 log = logging.getLogger("fedprompt.worker")
@@ -77,6 +77,8 @@ class AgentConfig:
     slots_dir: Path | None = None
     slots: int = 0
     num_threads: int | None = None
+    # cores the slot holders of all pool processes share: a trainer takes budget // trainers threads
+    thread_budget: int | None = None
     eval_batch_size: int = 64
     backdoor: Backdoor | None = None
     # LDP noise seed (simulations, for reproducible runs); None: OS entropy, the production default
@@ -253,7 +255,11 @@ class Agent:
         received_at, started = time.time(), time.perf_counter()
         blob_in = self._download(version, task["sha256"])
         download_s = time.perf_counter() - started
-        with training_slot(self.config.slots_dir, self.config.slots, self._stop), self.engine_lock:
+        with (
+            self.engine_lock,  # before the slot: a slot is held only by a client that trains
+            training_slot(self.config.slots_dir, self.config.slots, self._stop),
+            self._elastic_threads() as threads,
+        ):
             slot_wait_s = time.perf_counter() - started - download_s
             self.status.state = "training"
             self.engine.load_prompt(blob_in)
@@ -270,6 +276,7 @@ class Agent:
                     self.metrics.steps.inc()
                     self.metrics.step_seconds.observe(now - last[0])
                 last[0] = now
+                threads.adjust()
                 if self._stop.is_set():
                     raise Stopped()
 
@@ -317,6 +324,10 @@ class Agent:
         self._upload(number, blob)
         self.status.rounds_trained.append(number)
         self.status.state = "idle"
+
+    def _elastic_threads(self) -> ElasticThreads:
+        cfg = self.config
+        return ElasticThreads(cfg.slots_dir, cfg.slots, cfg.thread_budget, cfg.num_threads or 1, _set_threads)
 
     def _secure(self) -> SecureStages:
         if self._secure_stages is None:
@@ -406,3 +417,9 @@ def load_engine(spec: FederationSpec, device: str) -> Engine:
     from worker.engine import PromptEngine
 
     return PromptEngine.from_spec(spec, device=device)
+
+
+def _set_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)

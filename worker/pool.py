@@ -102,6 +102,9 @@ class PoolConfig(BaseModel):
     enrollment_token: str | None = None
     device: str = "auto"
     threads: int | None = Field(None, ge=1)
+    # cores shared by the slot holders of every pool process; a trainer takes an equal share of them
+    # (`worker.slots.ElasticThreads`), `threads` when no budget is set
+    thread_budget: int | None = Field(None, ge=1)
     poll_wait: float = Field(20.0, gt=0)
     slots_dir: Path | None = None
     slots: int = Field(0, ge=0)
@@ -293,6 +296,7 @@ def build_pool(
             slots_dir=config.slots_dir,
             slots=config.slots,
             num_threads=config.threads,
+            thread_budget=config.thread_budget,
             backdoor=backdoor,
             ldp_seed=entry.ldp_seed,
         )
