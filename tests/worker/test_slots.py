@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from worker.slots import ElasticThreads, held_slots, share_of, training_slot
@@ -18,24 +20,33 @@ def test_share_of_divides_the_budget_and_keeps_the_floor() -> None:
     assert share_of(4, 4, 2) == 2
 
 
-def test_held_slots_counts_locks_held_here_and_in_another_thread(tmp_path: Path) -> None:
-    assert held_slots(tmp_path, 3) == 0  # no lock files yet
+@contextmanager
+def _held_by_another_thread(directory: Path, slots: int) -> Iterator[None]:
+    """One slot held by another thread (a second trainer) until the block ends."""
     inside, release = threading.Event(), threading.Event()
 
     def other() -> None:
-        with training_slot(tmp_path, 3):
+        with training_slot(directory, slots):
             inside.set()
             release.wait(10)
 
     t = threading.Thread(target=other)
     t.start()
     assert inside.wait(10)
-    with training_slot(tmp_path, 3) as mine:
-        assert mine in (0, 1, 2)
-        assert held_slots(tmp_path, 3) == 2
-    assert held_slots(tmp_path, 3) == 1
-    release.set()
-    t.join(10)
+    try:
+        yield
+    finally:
+        release.set()
+        t.join(10)
+
+
+def test_held_slots_counts_locks_held_here_and_in_another_thread(tmp_path: Path) -> None:
+    assert held_slots(tmp_path, 3) == 0  # no lock files yet
+    with _held_by_another_thread(tmp_path, 3):
+        with training_slot(tmp_path, 3) as mine:
+            assert mine in (0, 1, 2)
+            assert held_slots(tmp_path, 3) == 2
+        assert held_slots(tmp_path, 3) == 1
     assert held_slots(tmp_path, 3) == 0
 
 
@@ -77,22 +88,11 @@ def test_elastic_threads_follow_the_trainers_and_restore_the_floor(tmp_path: Pat
         elastic = ElasticThreads(tmp_path, 2, 2, 1, calls.append, every_s=2.0, clock=clock)
         with elastic:
             assert elastic.threads == 2 and calls == [2]  # alone: both cores
-            inside, release = threading.Event(), threading.Event()
-
-            def other() -> None:
-                with training_slot(tmp_path, 2):
-                    inside.set()
-                    release.wait(10)
-
-            t = threading.Thread(target=other)
-            t.start()
-            assert inside.wait(10)
-            clock.now = 1.0
-            assert elastic.adjust() == 2 and calls == [2]  # re-read at most every 2 s
-            clock.now = 2.5
-            assert elastic.adjust() == 1 and calls == [2, 1]  # a second trainer: one core each
-            release.set()
-            t.join(10)
+            with _held_by_another_thread(tmp_path, 2):
+                clock.now = 1.0
+                assert elastic.adjust() == 2 and calls == [2]  # re-read at most every 2 s
+                clock.now = 2.5
+                assert elastic.adjust() == 1 and calls == [2, 1]  # a second trainer: one core each
             clock.now = 5.0
             assert elastic.adjust() == 2 and calls == [2, 1, 2]
         assert calls == [2, 1, 2, 1]  # back to the process's own thread count
