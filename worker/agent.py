@@ -327,7 +327,10 @@ class Agent:
 
     def _elastic_threads(self) -> ElasticThreads:
         cfg = self.config
-        return ElasticThreads(cfg.slots_dir, cfg.slots, cfg.thread_budget, cfg.num_threads or 1, _set_threads)
+        # the floor is the thread count the process runs with outside training (the engine's default
+        # when the pool file names none), so leaving the block restores what was there
+        floor = cfg.num_threads or _get_threads()
+        return ElasticThreads(cfg.slots_dir, cfg.slots, cfg.thread_budget, floor, _set_threads)
 
     def _secure(self) -> SecureStages:
         if self._secure_stages is None:
@@ -423,3 +426,9 @@ def _set_threads(n: int) -> None:
     import torch
 
     torch.set_num_threads(n)
+
+
+def _get_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
