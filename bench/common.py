@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from shared.local import cpu_model
+
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -34,7 +36,7 @@ def machine() -> dict[str, Any]:
         commit = ""
     return {
         "cpus": os.cpu_count(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "memory_gib": round(mem_kib / 2**20, 1),
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -42,16 +44,6 @@ def machine() -> dict[str, Any]:
         "commit": commit,
         "loadavg": list(os.getloadavg()),
     }
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-length", type=int, default=64)
     ap.add_argument("--train-limit", type=int, default=8000)
     ap.add_argument("--out-dir", default=None)
+    ap.add_argument(
+        "--name", default="levers", help="result file name (levers-amx: the run on a CPU with AMX-BF16)"
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(2)
     train = list(load_dataset("sst2", "train").sample(args.train_limit, 0))
@@ -208,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
         "cpu_flags": _cpu_flags(),
         "peak_rss_mib": self_peak_rss_mib(),
     }
-    path = write_result("levers", result, out_dir=Path(args.out_dir) if args.out_dir else None)
+    path = write_result(args.name, result, out_dir=Path(args.out_dir) if args.out_dir else None)
     print(f"wrote {path}")
 
 

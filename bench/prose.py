@@ -36,7 +36,12 @@ SCALES = {"ms": (1e3,), "s": (1.0,), "%": (1e2, 1.0), "MiB": (1.0, 2.0**-20), "G
 SCALES |= {"kB": (1e-3,), "MB": (1e-6,)}
 SKIP_KEYS = {"timeline"}
 BLOCK_FILES = {"comm": "comm.json", "aggregation": "aggregation.json", "worker": "worker.json"}
-BLOCK_FILES |= {"ingest": "ingest.json", "e2e": "e2e.json", "levers": "levers.json"}
+BLOCK_FILES |= {
+    "ingest": "ingest.json",
+    "e2e": "e2e.json",
+    "levers": "levers.json",
+    "levers-amx": "levers-amx.json",
+}
 THRESHOLDS = {
     floors.COMM_FLOOR,
     floors.FEDAVG_FLOOR,

@@ -294,6 +294,7 @@ TABLES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "aggregation": ("aggregation.json", aggregation_table),
     "worker": ("worker.json", worker_table),
     "levers": ("levers.json", levers_table),
+    "levers-amx": ("levers-amx.json", levers_table),
     "ingest": ("ingest.json", ingest_table),
     "e2e": ("e2e.json", e2e_table),
 }

@@ -1,10 +1,12 @@
-"""Helpers for running services on this machine's loopback: free ports, readiness."""
+"""Helpers for running services on this machine's loopback: free ports, readiness; the CPU's name."""
 
 from __future__ import annotations
 
+import platform
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 
@@ -29,3 +31,14 @@ def wait_ready(url: str, timeout: float = 120.0, check: Callable[[], None] | Non
             pass
         time.sleep(0.2)
     raise TimeoutError(f"{url} did not become ready in {timeout:.0f}s")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), so a timing can be read against the machine it ran on."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()

@@ -20,12 +20,15 @@ def follow(
     admin: CoordinatorClient, fid: int, spec: dict[str, Any], clients: int, procs: Processes
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """Show progress until every round is closed and evaluated; return the round records and the
-    initial prompt's evaluation."""
+    initial prompt's evaluation. Each record gets the resident memory of all processes when its round
+    was first seen closed (`rss_bytes`) and the peak until then (`peak_rss_bytes`), so growth over
+    rounds shows."""
     total_rounds = int(spec["rounds"])
     printed: set[int] = set()
     header = True
     asr: bool | None = None  # the ASR columns: decided by the first row that has evaluations, then kept
     closed_seen: dict[int, float] = {}
+    memory: dict[int, dict[str, int | None]] = {}  # round -> rss_bytes and peak_rss_bytes at its close
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -37,7 +40,7 @@ def follow(
         bar = progress.add_task("waiting for clients", total=clients)
         while True:
             procs.check()
-            procs.rss_bytes()  # sampled every poll: results.json reports the peak
+            rss = procs.rss_bytes()  # sampled every poll: results.json reports the peak
             status = admin.federation(fid)
             history = admin.rounds(fid)
             open_round = status.get("open_round")
@@ -55,6 +58,7 @@ def follow(
             for record in round_records(history, spec):
                 r = record["round"]
                 closed_seen.setdefault(r, time.monotonic())
+                memory.setdefault(r, {"rss_bytes": rss, "peak_rss_bytes": procs.peak_rss})
                 complete = record["eval_clients"] >= active
                 if r not in printed and (complete or time.monotonic() - closed_seen[r] > EVAL_GRACE_S):
                     if asr is None and record["eval_clients"] > 0:
@@ -66,4 +70,7 @@ def follow(
                 break
             time.sleep(0.5)
     initial = admin.evaluation(fid, 0)
-    return round_records(admin.rounds(fid), spec), initial
+    records = round_records(admin.rounds(fid), spec)
+    for record in records:
+        record.update(memory.get(record["round"], {}))
+    return records, initial

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.logic.ledger import ledger
+from shared.local import cpu_model
 from shared.privacy import SENSITIVITY_FACTOR, gaussian_noise_multiplier, gaussian_std, laplace_scale
 from shared.spec import FederationSpec
 from sim.plots import plot_accuracy, plot_asr
@@ -136,6 +137,7 @@ def run_facts(
             "python": platform.python_version(),
             "platform": platform.platform(),
             "cpu_count": cores,
+            "cpu_model": cpu_model(),
             "device": device,
             "torch": _torch_version(),
         },

@@ -244,6 +244,10 @@ class Run:
             "FEDPROMPT_ADMIN_TOKEN": admin_token,
             "FEDPROMPT_DATA_DIR": str(out),
             "FEDPROMPT_SWEEP_INTERVAL_S": "0.5",
+            # glibc gives each thread that allocates its own arena (up to 8 per core) and keeps what it
+            # frees there: a pool process runs one thread per client, so without a cap its memory grew
+            # with the number of distinct clients it had trained (README, "Simulating a federation")
+            "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "2"),
         }
         processes = min(opts.processes or (1 if opts.device == "cuda" else cores), opts.clients)
         threads = max(1, cores // min(parallel, processes))

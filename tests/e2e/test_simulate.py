@@ -79,6 +79,10 @@ def test_simulate_writes_results_that_agree_with_the_coordinator(tmp_path: Path)
         assert rnd["evaluation"]["num_samples"] == 60
         assert rec["loss"] == pytest.approx(rnd["stats"]["train_loss"])
     assert results["final_accuracy"] == results["rounds"][-1]["accuracy"]
+    # memory at each round's close, and the peak until then, so growth over rounds shows
+    peaks = [rec["peak_rss_bytes"] for rec in results["rounds"]]
+    assert all(0 < rec["rss_bytes"] <= rec["peak_rss_bytes"] for rec in results["rounds"])
+    assert peaks == sorted(peaks) and peaks[-1] <= results["peak_rss_bytes"]
     assert results["total_bytes_up"] == sum(r["stats"]["bytes_up"] for r in history)
     with open(out / "rounds.csv") as fh:
         rows = list(csv.DictReader(fh))
@@ -168,6 +172,10 @@ def test_pool_processes_serve_more_clients_and_a_killed_one_is_restarted(tmp_pat
         pools = processes_mentioning(str(out / "pools"))
         assert len(pools) == 2
         victim = next(pid for pid, cmdline in pools if "pool-0.json" in cmdline)
+        # one thread per client: the pool runs with glibc's arenas capped, so its memory does not
+        # grow with the number of distinct clients it has trained
+        environ = Path(f"/proc/{victim}/environ").read_bytes().split(b"\0")
+        assert b"MALLOC_ARENA_MAX=2" in environ
         os.kill(victim, signal.SIGKILL)
         output, _ = proc.communicate(timeout=900)
     finally:
