@@ -35,6 +35,9 @@ ENV PATH=/opt/fedprompt/bin:$PATH \
     TRANSFORMERS_OFFLINE=1 \
     FEDPROMPT_DATASETS=/data \
     FEDPROMPT_LOG_FORMAT=json
+# A pool runs one thread per client: without a cap glibc keeps an arena per thread and the process
+# grows with every client it trains (README, "Simulating a federation on one machine").
+ENV MALLOC_ARENA_MAX=2
 USER 10001:10001
 WORKDIR /var/lib/fedprompt
 EXPOSE 8100
