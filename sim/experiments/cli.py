@@ -33,7 +33,8 @@ def run_command(
     A cell counts as finished when its folder under --out holds every round, or when the committed
     summary (--figures/<name>.json, written by `report`) holds it with the same options and the same
     starting prompt: a grid run in parts on different machines resumes where the last `report` left
-    it."""
+    it. A warm start committed by `report` (--figures/warm/) is used instead of training it again, so
+    the remaining cells start from the prompt the committed ones did."""
     from sim.experiments.config import ConfigError, expand, load_config
     from sim.experiments.runner import (
         committed_cells,
@@ -41,6 +42,7 @@ def run_command(
         is_complete,
         run_experiment,
         stale_reason,
+        warm_prompts_dir,
     )
 
     try:
@@ -63,7 +65,14 @@ def run_command(
                 state = "todo"
             console.print(f"{state:16} {cell.id}" + (f"  ({stale})" if stale else ""))
         return
-    statuses = run_experiment(cfg, out, echo=console.print, limit=limit, committed=committed)
+    statuses = run_experiment(
+        cfg,
+        out,
+        echo=console.print,
+        limit=limit,
+        committed=committed,
+        committed_warm=warm_prompts_dir(figures),
+    )
     failed = [s for s in statuses if s["status"].startswith("failed")]
     done = sum(s["status"] == "done" for s in statuses)
     console.print(f"{cfg.name}: {done}/{len(statuses)} cells done, {len(failed)} failed")

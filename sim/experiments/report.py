@@ -28,6 +28,7 @@ from sim.experiments.prose import PERCENT, _cells_text, _params, _values, fill, 
 from sim.experiments.records import collect, merge_committed, metrics_of, records_of
 from sim.experiments.runner import (
     committed_cells,
+    keep_warm_prompts,
     outdated,
     scored_before_mean_pool,
 )
@@ -392,7 +393,10 @@ fedprompt experiment report                        # docs/results/<name>.json an
 
 A rerun skips finished cells, so an interrupted grid resumes where it stopped, also on another
 machine: a cell held by the committed summary (`docs/results/<name>.json`) with the same options
-and the same starting prompt (sha256 of the warm-start prompt trained there) counts as finished.
+and the same starting prompt (sha256 of its warm-start prompt) counts as finished. `report` commits
+the warm-start prompts the finished cells started from (`docs/results/warm/`), and `run` takes a
+warm start from there rather than training it again: another CPU's float kernels would train a
+slightly different prompt and make every committed cell stale.
 `fedprompt experiment run --dry-run` lists every cell (one per seed) and its state.
 
 **Reading the tables.** A figure of ours is the mean ± std over the seeds that ran, with their
@@ -480,6 +484,7 @@ def report(
             fig_dir.mkdir(parents=True, exist_ok=True)
             summary_path = fig_dir / f"{config.name}.json"
             summary_path.write_text(json.dumps({"experiment": config.name, "cells": records}, indent=2))
+            keep_warm_prompts(config, records, out_root, fig_dir)
         figures(config, out_root, records, fig_dir)
         summaries[config.name] = records
     results_md.write_text(render_document(experiments_of(document or config_paths, out_root, fig_dir, root)))

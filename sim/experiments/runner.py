@@ -11,6 +11,7 @@ import hashlib
 import inspect
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -127,6 +128,24 @@ def _warm_prompt_path(config: ExperimentConfig, cell: Cell, out_root: Path) -> P
     return out_root / "warm" / f"{_key(warm_start_options(config, cell))}.safetensors"
 
 
+def keep_warm_prompts(
+    config: ExperimentConfig, records: list[dict[str, Any]], out_root: Path, fig_dir: Path
+) -> None:
+    """Copy the warm-start prompts that finished cells started from into `warm_prompts_dir(fig_dir)`,
+    so a grid continued on another machine starts its remaining cells from the same prompts."""
+    if config.warm_start is None:
+        return
+    used = {r.get("start_sha256") for r in records if r.get("done")}
+    for cell in expand(config):
+        if cell.options.get("init_prompt"):
+            continue
+        local = _warm_prompt_path(config, cell, out_root)
+        if start_prompt_sha(local) in used:
+            target = warm_prompts_dir(fig_dir) / local.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(local, target)
+
+
 def local_start_sha(config: ExperimentConfig, cell: Cell, out_root: Path) -> str | None:
     """The starting prompt this machine already has for a cell (its --init-prompt, or the trained warm
     start), or None when that is not known here."""
@@ -208,12 +227,17 @@ def run_experiment(
     runner: Runner = _run_process,
     limit: int | None = None,
     committed: dict[str, dict[str, Any]] | None = None,
+    committed_warm: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Run every unfinished cell (at most `limit` of them); returns one status record per cell.
 
     `committed`: finished cells of the experiment's committed summary (`committed_cells`); a cell found
     there with the same options and the same starting prompt (for a warm start: the prompt trained
-    here, compared by sha256) counts as done, so a grid resumes across machines."""
+    here, compared by sha256) counts as done, so a grid resumes across machines.
+
+    `committed_warm`: the folder of committed warm-start prompts (`warm_prompts_dir`, written by
+    `report`); a warm start found there is used instead of being trained again. Another CPU's float
+    kernels train a slightly different prompt, which would make every committed cell stale."""
 
     known = simulate_options()
     folder = out_root / config.name
@@ -240,7 +264,9 @@ def run_experiment(
         if committed and cell.id in committed:
             if config.warm_start is not None and "init_prompt" not in options:
                 # the warm start first: a committed cell counts only if it started from this prompt
-                options["init_prompt"] = str(_warm_start(config, cell, out_root, echo, runner))
+                options["init_prompt"] = str(
+                    _warm_start(config, cell, out_root, echo, runner, committed_warm)
+                )
             match = committed_match(committed, config, cell, out_root)
             stale = stale_reason(match, cell.options) if match is not None else None
             if match is not None and stale is None:
@@ -258,7 +284,7 @@ def run_experiment(
             continue
         started_cells += 1
         if config.warm_start is not None and "init_prompt" not in options:
-            options["init_prompt"] = str(_warm_start(config, cell, out_root, echo, runner))
+            options["init_prompt"] = str(_warm_start(config, cell, out_root, echo, runner, committed_warm))
         args = [bin_path("fedprompt"), "simulate", *to_args({**options, "out": str(cell_dir)})]
         echo(f"[{n}/{len(cells)}] {cell.id}: running")
         t0 = time.monotonic()
@@ -283,15 +309,32 @@ def run_experiment(
     return statuses
 
 
+def warm_prompts_dir(fig_dir: Path) -> Path:
+    """Where the warm-start prompts of the committed summaries live (`<fig_dir>/warm/<key>.safetensors`)."""
+    return fig_dir / "warm"
+
+
 def _warm_start(
-    config: ExperimentConfig, cell: Cell, out_root: Path, echo: Callable[[str], None], runner: Runner
+    config: ExperimentConfig,
+    cell: Cell,
+    out_root: Path,
+    echo: Callable[[str], None],
+    runner: Runner,
+    committed_warm: Path | None = None,
 ) -> Path:
-    """The clean pre-trained prompt for a cell (trained once, then reused by every cell that shares it)."""
+    """The clean pre-trained prompt for a cell: the one this machine has, else the committed one, else
+    trained once here (then reused by every cell that shares it)."""
     options = warm_start_options(config, cell)
     key = _key(options)
     folder = out_root / "warm" / key
     prompt = _warm_prompt_path(config, cell, out_root)
     if prompt.exists():
+        return prompt.resolve()
+    committed = committed_warm / prompt.name if committed_warm is not None else None
+    if committed is not None and committed.is_file():
+        prompt.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(committed, prompt)
+        echo(f"warm start {key}: the committed prompt ({committed})")
         return prompt.resolve()
     echo(f"warm start {key}: one client, {options['local_steps']} steps")
     args = [

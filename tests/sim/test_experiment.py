@@ -19,7 +19,7 @@ from sim.experiments.config import ConfigError, ExperimentConfig, cell_id, expan
 from sim.experiments.prose import fill
 from sim.experiments.records import cell_metrics, metrics_of
 from sim.experiments.report import committed_cells, pivot, report
-from sim.experiments.runner import run_experiment, same_options
+from sim.experiments.runner import run_experiment, same_options, warm_prompts_dir
 
 CONFIG = """
 name: demo
@@ -247,6 +247,20 @@ def test_a_committed_cell_counts_only_when_it_started_from_the_same_prompt(tmp_p
         config, tmp_path / "second", runner=same, echo=lambda _: None, committed=committed
     )
     assert [s["status"] for s in statuses] == ["done", "done"] and len(same.calls) == 1
+
+    # report committed the warm start those cells started from: a machine that would train another
+    # prompt takes the committed one instead, and the committed cells still count
+    assert (figs / "warm").is_dir() and [p.read_bytes() for p in (figs / "warm").iterdir()] == [b"prompt A"]
+    elsewhere = WarmFake(b"prompt C")
+    statuses = run_experiment(
+        config,
+        tmp_path / "elsewhere",
+        runner=elsewhere,
+        echo=lambda _: None,
+        committed=committed,
+        committed_warm=warm_prompts_dir(figs),
+    )
+    assert [s["status"] for s in statuses] == ["done", "done"] and elsewhere.calls == []
 
     other = WarmFake(b"prompt B")  # a build whose warm start differs: the committed cells are stale
     run_experiment(
