@@ -24,6 +24,7 @@ from typing import Any
 
 from bench import floors
 from bench.common import RESULTS, ROOT
+from bench.report import TABLES
 
 NUMBER = re.compile(r"(?<![\w.\-/^])\d(?:[\d,]*\d)?(?:\.\d+)?(?![\w.]*\w)")
 BLOCK = re.compile(r"<!-- bench:(\w+) -->\n.*?<!-- /bench:\1 -->", re.S)
@@ -35,13 +36,8 @@ REFERENCE = re.compile(r"(?:issue|issues|§)\s?$", re.I)
 SCALES = {"ms": (1e3,), "s": (1.0,), "%": (1e2, 1.0), "MiB": (1.0, 2.0**-20), "GiB": (1.0, 2.0**-30)}
 SCALES |= {"kB": (1e-3,), "MB": (1e-6,)}
 SKIP_KEYS = {"timeline"}
-BLOCK_FILES = {"comm": "comm.json", "aggregation": "aggregation.json", "worker": "worker.json"}
-BLOCK_FILES |= {
-    "ingest": "ingest.json",
-    "e2e": "e2e.json",
-    "levers": "levers.json",
-    "levers-amx": "levers-amx.json",
-}
+# the generated blocks and the result file each is built from: the report's own table
+BLOCK_FILES = {name: file for name, (file, _) in TABLES.items()}
 THRESHOLDS = {
     floors.COMM_FLOOR,
     floors.FEDAVG_FLOOR,
