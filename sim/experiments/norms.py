@@ -21,7 +21,9 @@ app = typer.Typer(add_completion=False, help=__doc__)
 
 @app.command()
 def main(
-    init_prompt: Path = typer.Option(..., exists=True, dir_okay=False, help="Starting prompt (.safetensors)."),
+    init_prompt: Path = typer.Option(
+        ..., exists=True, dir_okay=False, help="Starting prompt (.safetensors)."
+    ),
     out: Path = typer.Option(..., help="JSON file to write."),
     dataset: str = typer.Option("sst2"),
     train_limit: int = typer.Option(2000, help="Training examples the federation shares out."),
