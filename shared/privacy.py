@@ -44,9 +44,10 @@ class PrivacyError(ValueError):
     """A privacy setting that cannot work."""
 
 
-def _delta(
+def update_delta(
     update: Mapping[str, np.ndarray], global_prompt: Mapping[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
+    """update − global prompt, per tensor, in float64."""
     return {k: v.astype(np.float64) - global_prompt[k].astype(np.float64) for k, v in update.items()}
 
 
@@ -57,15 +58,25 @@ def _clip(delta: Mapping[str, np.ndarray], bound: float, norm: float) -> dict[st
     return {k: v.astype(np.float64) * scale for k, v in delta.items()}
 
 
+def l1_norm(delta: Mapping[str, np.ndarray]) -> float:
+    """The L1 norm of an update over all its tensors."""
+    return float(sum(np.abs(v.astype(np.float64)).sum() for v in delta.values()))
+
+
+def l2_norm(delta: Mapping[str, np.ndarray]) -> float:
+    """The L2 norm of an update over all its tensors."""
+    return math.sqrt(sum(float(np.square(v.astype(np.float64)).sum()) for v in delta.values()))
+
+
 def clip_l1(delta: Mapping[str, np.ndarray], bound: float) -> tuple[dict[str, np.ndarray], float]:
     """Scale the update so its L1 norm (over all tensors) is at most `bound`; returns (clipped, original norm)."""
-    norm = float(sum(np.abs(v.astype(np.float64)).sum() for v in delta.values()))
+    norm = l1_norm(delta)
     return _clip(delta, bound, norm), norm
 
 
 def clip_l2(delta: Mapping[str, np.ndarray], bound: float) -> tuple[dict[str, np.ndarray], float]:
     """Scale the update so its L2 norm (over all tensors) is at most `bound`; returns (clipped, original norm)."""
-    norm = math.sqrt(sum(float(np.square(v.astype(np.float64)).sum()) for v in delta.values()))
+    norm = l2_norm(delta)
     return _clip(delta, bound, norm), norm
 
 
@@ -120,7 +131,7 @@ def laplace_ldp(
     """global + clip_l1(update − global, bound) + Laplace(0, 2·bound/ε) noise, cast back to the update's
     dtype: ε-DP for any two updates of the client."""
     scale = laplace_scale(bound, epsilon)
-    clipped, _ = clip_l1(_delta(update, global_prompt), bound)
+    clipped, _ = clip_l1(update_delta(update, global_prompt), bound)
     return _release(update, global_prompt, clipped, lambda shape: rng.laplace(0.0, scale, size=shape))
 
 
@@ -134,7 +145,7 @@ def gaussian_ldp(
 ) -> dict[str, np.ndarray]:
     """global + clip_l2(update − global, bound) + N(0, (noise_multiplier·2·bound)²) noise per element."""
     std = gaussian_std(bound, noise_multiplier)
-    clipped, _ = clip_l2(_delta(update, global_prompt), bound)
+    clipped, _ = clip_l2(update_delta(update, global_prompt), bound)
     return _release(update, global_prompt, clipped, lambda shape: rng.normal(0.0, std, size=shape))
 
 

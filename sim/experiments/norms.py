@@ -35,13 +35,20 @@ def main(
     repeats: int = typer.Option(10, min=1),
     model: str = typer.Option("all-MiniLM-L6-v2"),
 ) -> None:
+    from shared.privacy import l1_norm, l2_norm, update_delta
     from worker.data.dataset import load_dataset
+    from worker.data.presets import preset_for
     from worker.engine.engine import PromptEngine
 
     examples = list(load_dataset(dataset, "train"))[:train_limit]
     share = max(1, len(examples) // clients)
+    preset = preset_for(dataset)
+    if preset is None:
+        raise typer.BadParameter(
+            f"{dataset!r} has no preset template and label words", param_hint="--dataset"
+        )
     engine = PromptEngine.load(
-        model, template="{text} It was [MASK].", verbalizer=[["terrible"], ["great"]], max_length=max_length
+        model, template=preset.template, verbalizer=preset.verbalizer, max_length=max_length
     )
     engine.load_prompt(init_prompt.read_bytes())
     start = engine.get_prompt()
@@ -50,14 +57,8 @@ def main(
         pick = np.random.default_rng(seed).choice(len(examples), size=share, replace=False)
         engine.set_prompt(start)
         engine.train([examples[i] for i in pick], steps=local_steps, batch_size=batch_size, lr=lr, seed=seed)
-        delta = [engine.get_prompt()[k].astype(np.float64) - start[k] for k in start]
-        rows.append(
-            {
-                "seed": seed,
-                "l1": float(sum(np.abs(d).sum() for d in delta)),
-                "l2": float(np.sqrt(sum(np.square(d).sum() for d in delta))),
-            }
-        )
+        delta = update_delta(engine.get_prompt(), start)
+        rows.append({"seed": seed, "l1": l1_norm(delta), "l2": l2_norm(delta)})
         typer.echo(f"seed {seed}: L1 {rows[-1]['l1']:.1f}  L2 {rows[-1]['l2']:.3f}")
     result = {
         "dataset": dataset,

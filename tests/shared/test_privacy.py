@@ -21,11 +21,14 @@ from shared.privacy import (
     gaussian_ldp,
     gaussian_noise_multiplier,
     gaussian_std,
+    l1_norm,
+    l2_norm,
     laplace_ldp,
     laplace_scale,
     ldp_rng,
     spent_epsilon,
     uncalibrated_epsilon,
+    update_delta,
 )
 from shared.spec import PrivacySpec
 
@@ -39,6 +42,17 @@ def test_clip_l1_bounds_the_norm() -> None:
     np.testing.assert_allclose(small["a"], [0.5])
     with pytest.raises(PrivacyError):
         clip_l1({"a": np.array([1.0])}, 0.0)
+
+
+def test_update_norms_span_all_tensors() -> None:
+    new = {"a": np.array([1.0, 1.0], np.float32), "b": np.array([[2.0]], np.float32)}
+    old = {"a": np.array([4.0, -3.0], np.float32), "b": np.array([[2.0]], np.float32)}
+    delta = update_delta(new, old)
+    np.testing.assert_array_equal(delta["a"], [-3.0, 4.0])
+    assert delta["a"].dtype == np.float64
+    assert l1_norm(delta) == 7.0
+    assert l2_norm(delta) == 5.0
+    assert l1_norm({"a": np.zeros(3)}) == l2_norm({"a": np.zeros(3)}) == 0.0
 
 
 def test_laplace_noise_has_scale_twice_the_bound_over_epsilon() -> None:
