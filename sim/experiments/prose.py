@@ -40,12 +40,16 @@ def _number(metric: str, value: float) -> str:
 
 
 def stat(metric: str, values: Sequence[float], *, with_n: bool = True) -> str:
-    """A cell's figure: the value of one seed, else mean ± std (sample std) over the seeds, (n)."""
+    """A cell's figure: the value of one seed, else mean ± std (sample std) over the seeds, (n);
+    a figure every seed gave alike (a setting such as ε, up to float rounding) without the ± 0."""
     if not values:
         return "–"
     if len(values) == 1:
         return _number(metric, values[0])
     mean = sum(values) / len(values)
+    if all(math.isclose(v, values[0], rel_tol=1e-9, abs_tol=1e-12) for v in values):
+        text = _number(metric, mean)
+        return f"{text} ({len(values)})" if with_n else text
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
     text = f"{_number(metric, mean)} ± {_number(metric, std)}"
     return f"{text} ({len(values)})" if with_n else text

@@ -16,7 +16,7 @@ import pytest
 from sim.argv import to_args
 from sim.experiments import runner
 from sim.experiments.config import ConfigError, ExperimentConfig, cell_id, expand, load_config
-from sim.experiments.prose import fill
+from sim.experiments.prose import fill, stat
 from sim.experiments.records import cell_metrics, metrics_of
 from sim.experiments.report import committed_cells, pivot, report
 from sim.experiments.runner import run_experiment, same_options, warm_prompts_dir
@@ -437,3 +437,14 @@ def test_ldp_cells_from_before_the_calibration_are_shown_with_the_epsilon_they_g
         committed=committed,
     )
     assert len(fake.calls) == 2  # the no-LDP reference and the outdated LDP cell
+
+
+def test_stat_gives_mean_and_sample_std_and_drops_a_zero_spread() -> None:
+    assert stat("final_accuracy", [0.7, 0.8, 0.9]) == "80.0 ± 10.0 (3)"
+    assert stat("final_accuracy", [0.75]) == "75.0"
+    assert stat("final_accuracy", []) == "–"
+    # a setting every seed ran at, summed in float: no "± 2.7e-16"
+    assert (
+        stat("epsilon_cumulative", [1.4652311573405759, 1.465231157340576, 1.4652311573405759]) == "1.47 (3)"
+    )
+    assert stat("noise", [14.9, 14.9], with_n=False) == "14.9"
