@@ -13,6 +13,7 @@ from sim.experiments.runner import (
     committed_match,
     normalised,
     outdated,
+    ran_with_other_options,
     start_prompt_sha,
 )
 
@@ -57,6 +58,9 @@ def collect(config: ExperimentConfig, out_root: Path) -> list[dict[str, Any]]:
             "done": False,
         }
         results_path, meta_path = folder / "results.json", folder / "cell.json"
+        if ran_with_other_options(folder, cell.options):  # the config changed since it ran
+            records.append(record)
+            continue
         if results_path.exists():
             results = json.loads(results_path.read_text())
             record |= {"done": True, "metrics": cell_metrics(results)}

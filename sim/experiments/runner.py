@@ -43,10 +43,39 @@ def unsupported(options: dict[str, Any], known: set[str]) -> dict[str, Any]:
     return {k: v for k, v in options.items() if k not in known and DEFAULT_VALUES.get(k) != v}
 
 
+# Options a cell's folder may record that do not change what it measures (its starting prompt is
+# compared by sha256 elsewhere; the folder is where it ran).
+_LOCATION_OPTIONS = frozenset({"init_prompt", "out"})
+
+
+def _measured(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in normalised(options).items() if k not in _LOCATION_OPTIONS and v is not None}
+
+
+def ran_with_other_options(folder: Path, options: dict[str, Any]) -> bool:
+    """True when the cell's folder records (cell.json) that it ran as another cell than these options
+    make (the config changed since): its results neither count as done nor go into a report. The
+    cell's whole options are compared where cell.json has them (`cell_options`); an older cell.json
+    has only what was passed to simulate, and each of those must still hold. A folder without
+    cell.json (a run still going) records nothing."""
+    meta_path = folder / "cell.json"
+    if not meta_path.exists():
+        return False
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError:
+        return False
+    wanted = _measured(options)
+    if isinstance(meta.get("cell_options"), dict):
+        return _measured(meta["cell_options"]) != wanted
+    passed = meta.get("options")
+    return isinstance(passed, dict) and any(wanted.get(k) != v for k, v in _measured(passed).items())
+
+
 def is_complete(folder: Path, options: dict[str, Any]) -> bool:
-    """True when the cell's results.json exists and holds every round."""
+    """True when the cell's results.json exists, holds every round and ran with these options."""
     path = folder / "results.json"
-    if not path.exists():
+    if not path.exists() or ran_with_other_options(folder, options):
         return False
     try:
         results = json.loads(path.read_text())
@@ -256,7 +285,12 @@ def run_experiment(
             echo(f"[{n}/{len(cells)}] {cell.id}: {record['status']}")
             statuses.append(record)
             continue
-        if is_complete(cell_dir, options):
+        if ran_with_other_options(cell_dir, cell.options):
+            # another config's run: set aside, so that simulate does not resume its federation
+            aside = cell_dir.with_name(f"{cell_dir.name}.other-options-{int(time.time())}")
+            cell_dir.rename(aside)
+            echo(f"[{n}/{len(cells)}] {cell.id}: ran with other options; moved to {aside.name}")
+        if is_complete(cell_dir, cell.options):
             record["status"] = "done"
             statuses.append(record)
             echo(f"[{n}/{len(cells)}] {cell.id}: done (skipped)")
@@ -296,6 +330,7 @@ def run_experiment(
             "cell": cell.id,
             "params": cell.params,
             "options": options,
+            "cell_options": normalised(cell.options),
             "command": " ".join(["fedprompt", *args[1:]]),
             "returncode": code,
             "wall_seconds": previous.get("wall_seconds", 0.0) + wall,
@@ -303,7 +338,8 @@ def run_experiment(
         }
         cell_dir.mkdir(parents=True, exist_ok=True)
         meta_path.write_text(json.dumps(meta, indent=2))
-        record["status"] = "done" if code == 0 and is_complete(cell_dir, options) else f"failed (exit {code})"
+        done = code == 0 and is_complete(cell_dir, cell.options)
+        record["status"] = "done" if done else f"failed (exit {code})"
         echo(f"[{n}/{len(cells)}] {cell.id}: {record['status']} in {wall:.0f}s")
         statuses.append(record)
     return statuses

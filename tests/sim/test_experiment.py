@@ -17,7 +17,7 @@ from sim.argv import to_args
 from sim.experiments import runner
 from sim.experiments.config import ConfigError, ExperimentConfig, cell_id, expand, load_config
 from sim.experiments.prose import fill, stat
-from sim.experiments.records import cell_metrics, metrics_of
+from sim.experiments.records import cell_metrics, collect, metrics_of
 from sim.experiments.report import committed_cells, pivot, report
 from sim.experiments.runner import run_experiment, same_options, warm_prompts_dir
 
@@ -135,6 +135,38 @@ def test_run_resumes_by_skipping_finished_cells(tmp_path: Path) -> None:
         "malicious-2_aggregation-fedavg_seed-0",
         "malicious-2_aggregation-trimmed-mean-beta-0.2_seed-0",
     ]
+
+
+def test_a_cell_that_ran_with_other_options_runs_again_and_is_not_reported(tmp_path: Path) -> None:
+    config, _ = _config(tmp_path)
+    run_experiment(config, tmp_path / "runs", runner=FakeSimulate(), echo=lambda _: None)
+    changed, _ = _config(tmp_path, CONFIG.replace("train_limit: 200", "train_limit: 300"))
+    assert not any(r["done"] for r in collect(changed, tmp_path / "runs"))  # not the new cells' results
+
+    fake = FakeSimulate()
+    statuses = run_experiment(changed, tmp_path / "runs", runner=fake, echo=lambda _: None)
+    assert all(s["status"] == "done" for s in statuses) and len(fake.calls) == len(statuses)
+    assert all(a[a.index("--train-limit") + 1] == "300" for a in fake.calls)
+    folder = tmp_path / "runs/demo"
+    aside = sorted(p.name for p in folder.iterdir() if ".other-options-" in p.name)
+    assert len(aside) == len(statuses)  # the old runs kept beside, not resumed
+    assert all(r["done"] for r in collect(changed, tmp_path / "runs"))
+    # the same options again: nothing reruns
+    again = FakeSimulate()
+    run_experiment(changed, tmp_path / "runs", runner=again, echo=lambda _: None)
+    assert again.calls == []
+
+
+def test_an_older_cell_record_is_checked_on_the_options_it_passed(tmp_path: Path) -> None:
+    config, _ = _config(tmp_path)
+    run_experiment(config, tmp_path / "runs", runner=FakeSimulate(), echo=lambda _: None)
+    for meta_path in (tmp_path / "runs/demo").glob("*/cell.json"):  # as written before cell_options
+        meta = json.loads(meta_path.read_text())
+        del meta["cell_options"]
+        meta_path.write_text(json.dumps(meta))
+    assert all(r["done"] for r in collect(config, tmp_path / "runs"))
+    changed, _ = _config(tmp_path, CONFIG.replace("rounds: 2", "rounds: 3"))
+    assert not any(r["done"] for r in collect(changed, tmp_path / "runs"))
 
 
 def test_cells_with_options_simulate_lacks_are_skipped_unless_at_their_default(
