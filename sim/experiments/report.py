@@ -367,12 +367,13 @@ def head() -> str:
     """RESULTS.md's opening: how it is made, and the method where it differs from the paper (from the
     code's own constants: presets, spec defaults, the LDP calibration)."""
     from shared.privacy import SENSITIVITY_FACTOR
-    from shared.spec import DEFAULT_MODEL, FederationSpec
+    from shared.spec import DEFAULT_MODEL, FederationSpec, default_lr
     from worker.data.presets import PRESETS
 
     fields = FederationSpec.model_fields
     tokens, lr, clip = (fields[k].default for k in ("num_virtual_tokens", "lr", "grad_clip"))
     clip = f"{float(clip):.1f}"
+    mean_pool_lr = default_lr("mean-pool")
     by_template: dict[str, list[str]] = {}
     for name, preset in PRESETS.items():
         words = " / ".join(w[0] for w in preset.verbalizer)
@@ -411,12 +412,12 @@ the LDP runs, the paper's template beside ours) are rows of the same grid.
 
 | | ours | the paper |
 |---|---|---|
-| model | `{DEFAULT_MODEL}`, frozen. It ships without an MLM head, so label words are scored through the tied input embeddings: the hidden state at `[MASK]` dotted with each label word's input embedding | BERT, RoBERTa (masked-LM heads) and T5 |
+| model | `{DEFAULT_MODEL}`, frozen. It ships without an MLM head, so label words are scored by mean-pool similarity (the default, `scoring: auto`): 20 × the cosine of the mean-pooled output of the input with the mean-pooled embedding of each label phrase (the template with `[MASK]` replaced by the label word); cells that read them through the tied input embeddings (the hidden state at `[MASK]` dotted with each label word's input embedding, the default before) are labelled under their table. The SmolLM2 grids use SmolLM2-135M-Instruct, a causal LM whose own head reads the label word as the next token | BERT, RoBERTa (masked-LM heads) and T5 |
 | template | per data set: {templates} | `[text] is [MASK].` everywhere; Table I's config runs it on SST-2 as `{{text}} is [MASK].` beside ours |
-| soft prompt | {tokens} tokens at the head of the input, lr {lr:g}, AdamW on the prompt only, gradient clipping at max-norm {clip} | 20 tokens, lr 0.3, Adam (Adafactor for T5); no clipping stated |
+| soft prompt | {tokens} tokens at the head of the input, lr {mean_pool_lr:g} with mean-pool scoring ({lr:g} where a head reads the label words), AdamW on the prompt only, gradient clipping at max-norm {clip} | 20 tokens, lr 0.3, Adam (Adafactor for T5); no clipping stated |
 | federation | FedAvg over every client each round (C = 1) unless a table says otherwise; rounds and local steps per table ("Measured at") | K = 10, C = 1, 20 rounds of at most 1,000 local steps |
 | test set | a seeded subset of the validation split, or all of it (each table's eval_limit) | the validation split |
-| backdoor | trigger words inserted at a random word position before the text is cut to max length from the right, so in long texts (IMDB, Enron, Lingspam) a trigger can fall off the end; a malicious client relabels all its training data to the target (poison rate 1) | 10 % of the clients poison all their data (PPT); triggers not stated |
+| backdoor | a trigger word inserted at a random word position, or among the first N words (`trigger_position: first:N`; Table III: the first 30) so that it survives the cut to max length from the right in long texts (IMDB, Enron, Lingspam); a malicious client relabels its poisoned share (`poison_rate`, default 1: all its training data) to the target | 10 % of the clients poison all their data (PPT); triggers not stated |
 | ASR | share of the non-target test examples the prompt calls the target once a trigger is inserted, weighted by each client's count of them; measured where a backdoor is configured or a config sets `measure_asr` (a clean reference) | ASR, same definition |
 | LDP | clip the update to norm B (L1 Laplace, L2 Gaussian) and add noise calibrated to its sensitivity {factor} × B (two clipped updates differ by up to {factor}B): Laplace scale {factor}B/ε, Gaussian std σ·{factor}B; cells that ran before this calibration are labelled under their table ([docs/privacy.md](docs/privacy.md)) | clipping + Laplace noise; ε and the bound not reported |
 """
