@@ -73,6 +73,8 @@ def collect(config: ExperimentConfig, out_root: Path) -> list[dict[str, Any]]:
             meta = json.loads(meta_path.read_text())
             record["command"] = meta.get("command")
             record["wall_seconds"] = meta.get("wall_seconds")
+            if meta.get("same_as"):  # taken from another experiment's identical cell (runner.find_twin)
+                record["same_as"] = meta["same_as"]
             start = (meta.get("options") or {}).get("init_prompt")
             record["start_sha256"] = meta.get("start_sha256") or start_prompt_sha(start)
         records.append(record)

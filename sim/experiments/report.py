@@ -207,6 +207,7 @@ def section(
         "",
         f"- Status: {status}" + (f"; wall time of the cells run: {wall / 60:.1f} min." if done else "."),
         *_clean_asr_line(done),
+        *_same_as_line(done),
         f"- Command: `{command_of(config_path)}` then `fedprompt experiment report`.",
         f"- Sizes: {sizes(config)}; seeds {config.seeds}" + (f" (run: {seeds_run})." if done else "."),
         f"- Measured at: ours {our_size(config)}; the paper {config.paper_size or 'reports no such grid'}.",
@@ -269,6 +270,18 @@ def _outdated_lines(done: list[dict[str, Any]]) -> list[str]:
         "noise they added, and the rows keep the ε they were run at. `fedprompt experiment run` runs them "
         "again with the calibrated noise.",
         "",
+    ]
+
+
+def _same_as_line(done: list[dict[str, Any]]) -> list[str]:
+    """Names the cells taken from another experiment's identical federation (not run twice)."""
+    shared = [r for r in done if r.get("same_as")]
+    if not shared:
+        return []
+    sources = sorted({r["same_as"].split("/")[0] for r in shared})
+    return [
+        f"- {len(shared)} of these cells are the same federations (same options, seed and starting prompt)"
+        f" as cells of {', '.join(sources)}, taken from there rather than run twice."
     ]
 
 

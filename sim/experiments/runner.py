@@ -230,6 +230,46 @@ def warm_start_options(config: ExperimentConfig, cell: Cell) -> dict[str, Any]:
     return out
 
 
+def simulate_defaults() -> dict[str, Any]:
+    """`fedprompt simulate`'s default value of each option."""
+    from sim.simulate import simulate_command
+
+    return {k: p.default for k, p in inspect.signature(simulate_command).parameters.items()}
+
+
+def _invocation(options: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """What a cell asks of simulate, without its folders and without options at simulate's default:
+    two cells with the same invocation (and the same starting prompt) run the same federation."""
+    plain = normalised({k: v for k, v in options.items() if k not in _LOCATION_OPTIONS})
+    at_default = normalised({k: defaults[k] for k in plain if k in defaults})
+    return {k: v for k, v in plain.items() if k not in at_default or at_default[k] != v}
+
+
+def find_twin(
+    out_root: Path, config_name: str, options: dict[str, Any], start_sha: str | None
+) -> Path | None:
+    """A finished cell of another experiment under `out_root` that ran the same federation: the same
+    simulate invocation (see _invocation) from the same starting prompt. Simulate is deterministic for
+    given options and seed, so its folder is this cell's result; None when there is none."""
+    defaults = simulate_defaults()
+    wanted = _invocation(options, defaults)
+    for meta_path in sorted(out_root.glob("*/*/cell.json")):
+        folder = meta_path.parent
+        if folder.parent.name == config_name or ".other-options-" in folder.name:
+            continue
+        try:
+            meta = json.loads(meta_path.read_text())
+        except json.JSONDecodeError:
+            continue
+        if meta.get("returncode") != 0 or meta.get("start_sha256") != start_sha:
+            continue
+        if not isinstance(meta.get("options"), dict) or _invocation(meta["options"], defaults) != wanted:
+            continue
+        if is_complete(folder, meta.get("cell_options") or meta["options"]):
+            return folder
+    return None
+
+
 def _key(options: dict[str, Any]) -> str:
     text = json.dumps(options, sort_keys=True, default=str)
     # a file's name, not its path
@@ -320,12 +360,20 @@ def run_experiment(
         if config.warm_start is not None and "init_prompt" not in options:
             options["init_prompt"] = str(_warm_start(config, cell, out_root, echo, runner, committed_warm))
         args = [bin_path("fedprompt"), "simulate", *to_args({**options, "out": str(cell_dir)})]
-        echo(f"[{n}/{len(cells)}] {cell.id}: running")
-        t0 = time.monotonic()
-        code = runner(args, cell_dir / "simulate.log")
-        wall = time.monotonic() - t0
+        start_sha = start_prompt_sha(options.get("init_prompt"))
+        twin = None if cell_dir.exists() else find_twin(out_root, config.name, options, start_sha)
         meta_path = cell_dir / "cell.json"
-        previous = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        if twin is not None:
+            # the same federation already ran for another experiment: its folder is this cell's result
+            shutil.copytree(twin, cell_dir)
+            code, wall, previous = 0, 0.0, {}  # no time of its own: the twin's cell.json has it
+            echo(f"[{n}/{len(cells)}] {cell.id}: the same federation as {twin.parent.name}/{twin.name}")
+        else:
+            echo(f"[{n}/{len(cells)}] {cell.id}: running")
+            t0 = time.monotonic()
+            code = runner(args, cell_dir / "simulate.log")
+            wall = time.monotonic() - t0
+            previous = json.loads(meta_path.read_text()) if meta_path.exists() else {}
         meta = {
             "cell": cell.id,
             "params": cell.params,
@@ -334,8 +382,10 @@ def run_experiment(
             "command": " ".join(["fedprompt", *args[1:]]),
             "returncode": code,
             "wall_seconds": previous.get("wall_seconds", 0.0) + wall,
-            "start_sha256": start_prompt_sha(options.get("init_prompt")),
+            "start_sha256": start_sha,
         }
+        if twin is not None:
+            meta["same_as"] = f"{twin.parent.name}/{twin.name}"
         cell_dir.mkdir(parents=True, exist_ok=True)
         meta_path.write_text(json.dumps(meta, indent=2))
         done = code == 0 and is_complete(cell_dir, cell.options)

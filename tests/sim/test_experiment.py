@@ -480,3 +480,49 @@ def test_stat_gives_mean_and_sample_std_and_drops_a_zero_spread() -> None:
         stat("epsilon_cumulative", [1.4652311573405759, 1.465231157340576, 1.4652311573405759]) == "1.47 (3)"
     )
     assert stat("noise", [14.9, 14.9], with_n=False) == "14.9"
+
+
+def test_a_cell_another_experiment_already_ran_is_taken_from_there_not_run_twice(tmp_path: Path) -> None:
+    config, _ = _config(tmp_path)
+    first = FakeSimulate()
+    run_experiment(config, tmp_path / "runs", runner=first, echo=lambda _: None)
+    # another experiment: one cell the same federation (the default aggregation spelled out, and
+    # `method` at simulate's default), one with another train_limit, which must run
+    other, _ = _config(
+        tmp_path,
+        """
+name: other
+title: "Another grid"
+base: {dataset: sst2, clients: 10, rounds: 2, train_limit: 200, aggregation: fedavg}
+grid:
+  malicious: [1, 2]
+  method: [prompt_tuning]
+extra_cells:
+  - {malicious: 0, train_limit: 300}
+seeds: [0]
+table: {rows: [malicious], metrics: [final_accuracy]}
+""",
+    )
+    fake = FakeSimulate()
+    statuses = run_experiment(other, tmp_path / "runs", runner=fake, echo=lambda _: None)
+    assert all(s["status"] == "done" for s in statuses)
+    ran = [Path(a[a.index("--out") + 1]).name for a in fake.calls]
+    assert ran == ["malicious-0_method-none_train-limit-300_seed-0"]  # the fedavg cells were taken, not run
+    twin = tmp_path / "runs/other/malicious-1_method-prompt-tuning_seed-0"
+    meta = json.loads((twin / "cell.json").read_text())
+    assert meta["same_as"] == "demo/malicious-1_aggregation-fedavg_seed-0" and meta["wall_seconds"] == 0.0
+    records = collect(other, tmp_path / "runs")
+    assert [r.get("same_as") is not None for r in records] == [False, True, True]
+    assert records[1]["metrics"]["final_accuracy"] == pytest.approx(0.7)
+
+
+def test_a_cell_from_another_starting_prompt_or_with_other_options_is_not_a_twin(tmp_path: Path) -> None:
+    config, _ = _config(tmp_path)
+    run_experiment(config, tmp_path / "runs", runner=FakeSimulate(), echo=lambda _: None)
+    folder = tmp_path / "runs/demo/malicious-1_aggregation-fedavg_seed-0"
+    meta = json.loads((folder / "cell.json").read_text())
+    assert runner.find_twin(tmp_path / "runs", "other", meta["options"], None) == folder
+    assert runner.find_twin(tmp_path / "runs", "demo", meta["options"], None) is None  # not its own
+    assert runner.find_twin(tmp_path / "runs", "other", {**meta["options"], "rounds": 3}, None) is None
+    (folder / "cell.json").write_text(json.dumps({**meta, "start_sha256": "another prompt"}))
+    assert runner.find_twin(tmp_path / "runs", "other", meta["options"], None) is None
