@@ -30,6 +30,8 @@ def _number(metric: str, value: float) -> str:
         return f"{100 * value:.1f}"
     if metric == "wall_seconds":
         return f"{value:.0f}"
+    if metric == "params_sent":
+        return f"{value:,.0f}"
     if metric == "noise":
         return f"{value:.3g}"
     if metric.startswith("epsilon"):

@@ -42,6 +42,8 @@ def cell_metrics(results: dict[str, Any]) -> dict[str, Any]:
         "rejected": sum(len(r.get("notes") or {}) for r in rounds),
         "rounds": len(rounds),
         "wall_seconds": results.get("wall_seconds"),
+        # parameters one client uploads per round (the method's trainable prompt parameters)
+        "params_sent": results.get("params_communicated"),
     }
 
 
