@@ -73,6 +73,7 @@ class SimulateOptions:
     scoring: str
     secure_aggregation: bool = False
     secagg_clip: float | None = None
+    precision: str = "auto"
 
 
 def parse_aggregation(text: str) -> dict[str, Any]:
@@ -180,6 +181,8 @@ def check_method_options(opts: SimulateOptions) -> None:
         raise ValueError(f"--init-prompt {opts.init_prompt} is not a file")
     if opts.scoring not in ("auto", "tied-embeddings", "mean-pool"):
         raise ValueError(f"--scoring must be auto, tied-embeddings or mean-pool; got {opts.scoring!r}")
+    if opts.precision not in ("auto", "fp32", "bf16"):
+        raise ValueError(f"--precision must be auto, fp32 or bf16; got {opts.precision!r}")
     if opts.method not in METHODS or opts.encoder_type not in ("mlp", "lstm"):
         raise ValueError(
             f"--method must be one of {', '.join(METHODS)} and --encoder-type mlp or lstm "
@@ -221,6 +224,7 @@ def build_spec(
     method: dict[str, Any] | None = None,
     server_optimizer: dict[str, Any] | None = None,
     secure_aggregation: dict[str, Any] | None = None,
+    precision: str = "auto",
 ) -> FederationSpec:
     """The federation spec for a simulation (`method`: method, encoder and model-shape fields); the
     template and label words are the data's (sim/data_options.py chose them)."""
@@ -250,6 +254,7 @@ def build_spec(
         privacy=privacy,
         server_optimizer=server_optimizer,
         secure_aggregation=secure_aggregation,
+        precision=precision,
         **(method or {}),
     )
 
@@ -344,6 +349,7 @@ def federation_spec(opts: SimulateOptions, dataset: Dataset) -> tuple[Federation
         method=facts,
         server_optimizer=parse_server_optimizer(opts.server_optimizer),
         secure_aggregation=secure_aggregation_spec(opts, lr),
+        precision=opts.precision,
     )
     if opts.init_prompt is not None:
         initial_blob = opts.init_prompt.read_bytes()

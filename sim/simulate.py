@@ -28,7 +28,7 @@ from rich.markup import escape
 from shared.client import CoordinatorClient
 from shared.local import free_port, wait_ready
 from shared.privacy import client_noise_seed
-from shared.spec import DEFAULT_MODEL, FederationSpec
+from shared.spec import DEFAULT_MODEL, PRECISION_HELP, FederationSpec
 from sim.argv import WorkerPool
 from sim.baseline import run_baseline
 from sim.data_options import print_data
@@ -206,6 +206,7 @@ def simulate_command(
             "(default: lr × local steps)."
         ),
     ] = None,
+    precision: Annotated[str, typer.Option(help=PRECISION_HELP)] = "auto",
 ) -> None:
     """Run a whole federation on this machine and write results.json, rounds.csv and accuracy.png."""
     opts = SimulateOptions(**locals())  # first statement: the locals are exactly the parameters

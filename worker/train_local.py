@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 import typer
 
 from shared.evalstats import macro_f1
-from shared.spec import DEFAULT_MODEL, default_lr
+from shared.spec import DEFAULT_MODEL, PRECISION_HELP, default_lr
 from worker.data.help import (
     DATA_HELP,
     LABEL_COLUMN_HELP,
@@ -102,6 +102,7 @@ def train_local_command(
     grad_clip: float = typer.Option(1.0, min=0.0, help="Clip the prompt gradient norm (0: off)."),
     seed: int = typer.Option(0, min=0, help="Seed of the initial prompt, batch order and data limits."),
     device: str = typer.Option("auto", help="'auto' (CUDA when available), 'cpu' or 'cuda'."),
+    precision: str = typer.Option("auto", help=PRECISION_HELP),
     num_threads: int | None = typer.Option(None, min=1, help="CPU threads (default: the cores available)."),
     eval_every: int = typer.Option(
         250, min=0, help="Evaluate on the test split every N steps (0: only at the end)."
@@ -143,6 +144,8 @@ def train_local_command(
         raise typer.BadParameter(f"--init must be 'vocab', 'label' or 'random'; got {init!r}")
     if scoring not in ("auto", "tied-embeddings", "mean-pool"):
         raise typer.BadParameter(f"--scoring must be auto, tied-embeddings or mean-pool; got {scoring!r}")
+    if precision not in ("auto", "fp32", "bf16"):
+        raise typer.BadParameter(f"--precision must be auto, fp32 or bf16; got {precision!r}")
     try:
         source = DataSource(
             data=dataset,
@@ -248,6 +251,7 @@ def train_local_command(
                 device=device,
                 num_threads=num_threads,
                 scoring=scoring,
+                precision=precision,  # type: ignore[arg-type]
             )
             load_s = time.perf_counter() - started
             if lr is None:
@@ -258,6 +262,7 @@ def train_local_command(
                 "head": engine.head,
                 "scoring": engine.scoring,
                 "device": str(engine.device),
+                "precision": engine.precision,
                 "load_seconds": load_s,
             }
             reads = "mean-pool" if engine.scoring == "mean-pool" else engine.head

@@ -92,6 +92,11 @@ class ExperimentConfig(BaseModel):
     base: dict[str, Any] = Field(default_factory=dict)
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     extra_cells: list[dict[str, Any]] = Field(default_factory=list)
+    by_dataset: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Options per data set (e.g. a template and label words that suit it), applied to "
+        "every cell of that data set after base and before the cell's own grid values.",
+    )
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     warm_start: WarmStart | None = None
     table: TableSpec = Field(default_factory=TableSpec)
@@ -191,9 +196,9 @@ def expand(config: ExperimentConfig) -> list[Cell]:
             if cid in seen:
                 continue
             seen.add(cid)
-            cells.append(
-                Cell(params=params, options={**config.base, **params, "seed": seed}, seed=seed, id=cid)
-            )
+            dataset = str(params.get("dataset", config.base.get("dataset")))
+            options = {**config.base, **config.by_dataset.get(dataset, {}), **params, "seed": seed}
+            cells.append(Cell(params=params, options=options, seed=seed, id=cid))
     return cells
 
 

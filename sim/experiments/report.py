@@ -156,6 +156,8 @@ def command_of(config_path: Path) -> str:
 def sizes(config: ExperimentConfig) -> str:
     """The shared simulate options, as the report states them."""
     parts = [f"{k}={v}" for k, v in config.base.items()]
+    for dataset, options in config.by_dataset.items():
+        parts.append(f"{dataset}: " + ", ".join(f"{k}={v!r}" for k, v in options.items()))
     if config.warm_start:
         ws = config.warm_start
         parts.append(

@@ -212,6 +212,7 @@ def warm_start_options(config: ExperimentConfig, cell: Cell) -> dict[str, Any]:
         "verbalizer",
         "batch_size",
         "lr",
+        "precision",
     )
     out = {k: opt[k] for k in keep if k in opt}
     out |= {

@@ -526,3 +526,35 @@ def test_a_cell_from_another_starting_prompt_or_with_other_options_is_not_a_twin
     assert runner.find_twin(tmp_path / "runs", "other", {**meta["options"], "rounds": 3}, None) is None
     (folder / "cell.json").write_text(json.dumps({**meta, "start_sha256": "another prompt"}))
     assert runner.find_twin(tmp_path / "runs", "other", meta["options"], None) is None
+
+
+def test_options_by_data_set_reach_that_data_sets_cells_only_and_keep_the_ids(tmp_path: Path) -> None:
+    config, _ = _config(
+        tmp_path,
+        """
+name: per-data
+title: "Per data set"
+base: {clients: 4, template: "{text} It was [MASK]."}
+grid:
+  dataset: [sst2, twitter]
+by_dataset:
+  sst2: {template: "Review: {text} Sentiment: [MASK]", verbalizer: "negative;positive"}
+seeds: [0]
+table: {rows: [dataset], metrics: [final_accuracy]}
+""",
+    )
+    cells = {c.id: c.options for c in expand(config)}
+    assert set(cells) == {"dataset-sst2_seed-0", "dataset-twitter_seed-0"}
+    assert cells["dataset-sst2_seed-0"]["template"] == "Review: {text} Sentiment: [MASK]"
+    assert cells["dataset-sst2_seed-0"]["verbalizer"] == "negative;positive"
+    assert cells["dataset-twitter_seed-0"]["template"] == "{text} It was [MASK]."
+    assert "verbalizer" not in cells["dataset-twitter_seed-0"]
+    fake = FakeSimulate()
+    run_experiment(
+        config,
+        tmp_path / "runs",
+        runner=lambda a, log: fake([*a, "--malicious", "0"], log),
+        echo=lambda _: None,
+    )
+    sst2 = next(a for a in fake.calls if "dataset-sst2_seed-0" in a[a.index("--out") + 1])
+    assert sst2[sst2.index("--template") + 1] == "Review: {text} Sentiment: [MASK]"

@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from shared import wire
 from shared.methods import PROMPT_TENSOR, EncoderType, Method, MethodConfig, tensor_shapes
-from shared.spec import FederationSpec
+from shared.spec import FederationSpec, Precision
 from worker.engine import prompt_io
 from worker.engine.batching import cycle_batches, label_ids, pad
 from worker.engine.initial import Init, initialise
@@ -63,10 +63,17 @@ class PromptEngine:
         encoder_num_layers: int = 2,
         prefix_projection: bool = False,
         scoring: Scoring = "auto",
+        precision: Precision = "auto",
     ) -> None:
         if num_virtual_tokens < 1:
             raise ValueError(f"num_virtual_tokens must be >= 1; got {num_virtual_tokens}")
         self.device = pick_device(device)
+        if precision not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"precision must be auto, fp32 or bf16; got {precision!r}")
+        # bf16 autocast: on CUDA by default; on a CPU when asked (bfloat16 instructions make it pay)
+        self.precision = (
+            "bf16" if precision == "bf16" or (precision == "auto" and self.device.type == "cuda") else "fp32"
+        )
         if self.device.type == "cpu":
             torch.set_num_threads(num_threads or default_num_threads())
         self.tokenizer = tokenizer
@@ -177,8 +184,8 @@ class PromptEngine:
     # ------------------------------------------------------------------ forward
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
+        if self.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     def _batch(self, examples: Sequence[TextPair]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -250,7 +257,7 @@ class PromptEngine:
             target = labels[torch.as_tensor(idx)].to(self.device)
             with self._autocast():
                 scores = self.scores(ids, mask, pos)
-            loss = F.cross_entropy(scores, target)
+            loss = F.cross_entropy(scores.float(), target)  # the loss in float32 under bf16 autocast
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if grad_clip > 0:
@@ -287,7 +294,8 @@ class PromptEngine:
             pos = torch.tensor([encoded.mask_positions[i] for i in idx], dtype=torch.long)
             target = labels[idx]
             with self._autocast():
-                scores = self.scores(ids.to(self.device), mask.to(self.device), pos.to(self.device)).cpu()
+                scores = self.scores(ids.to(self.device), mask.to(self.device), pos.to(self.device))
+            scores = scores.float().cpu()
             total_loss += float(F.cross_entropy(scores, target, reduction="sum"))
             np.add.at(confusion, (target.numpy(), scores.argmax(dim=1).numpy()), 1)
         return EvalResult.from_confusion(confusion, total_loss, time.perf_counter() - started)

@@ -60,6 +60,7 @@ def spec_options(spec: FederationSpec) -> dict[str, Any]:
         "encoder_num_layers": spec.encoder_num_layers,
         "prefix_projection": spec.prefix_projection,
         "scoring": spec.scoring,
+        "precision": spec.precision,
     }
 
 
