@@ -15,8 +15,9 @@ DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
 Precision = Literal["auto", "fp32", "bf16"]
 PRECISION_HELP = (
-    "Arithmetic of the frozen model: fp32 | bf16 (bfloat16 autocast; the prompt stays float32; pays on "
-    "CUDA and on CPUs with bfloat16 instructions) | auto (bf16 on CUDA, fp32 on a CPU)."
+    "Arithmetic of the frozen model: fp32 | bf16 (bfloat16 autocast; the prompt and its optimiser stay "
+    "float32; on a CPU it needs AVX512-BF16 or AMX to be fast, `python -m bench.levers`) | auto (bf16 on "
+    "CUDA, fp32 on a CPU)."
 )
 PAPER_LR = 0.3  # the paper's prompt learning rate, for label scores read through a (M)LM head
 MEAN_POOL_LR = 0.01  # the rate mean-pool similarity scoring learns at (bench/scoring.py)
@@ -265,8 +266,8 @@ class FederationSpec(BaseModel):
     precision: Precision = Field(
         "auto",
         description="The workers' arithmetic: fp32; bf16 = bfloat16 autocast of the frozen model's forward "
-        "and backward (the prompt and its optimiser stay float32), on CUDA and on CPUs with bfloat16 "
-        "instructions; auto = bf16 on CUDA, fp32 on a CPU.",
+        "and backward (the prompt and its optimiser stay float32; on a CPU it needs bfloat16 instructions, "
+        "AVX512-BF16 or AMX, to be fast); auto = bf16 on CUDA, fp32 on a CPU.",
     )
     params_full_model: int | None = Field(
         None, ge=1, description="Parameters of the whole PLM: the ledger's full fine-tuning reference."
