@@ -85,15 +85,17 @@ def _pattern(text: str) -> dict[str, str]:
 
 
 def _cell_records(config: ExperimentConfig, records: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
-    """The finished records (any seed) of the one cell a placeholder pattern names."""
+    """The finished records of the one cell a placeholder pattern names: every seed's, or with
+    `seed=N` in the pattern that seed's alone."""
     pattern = _pattern(text)
+    seed = pattern.pop("seed", None)
     chosen = [c for c in expand(config) if matches(_params(config, c), pattern)]
     distinct = {json.dumps(c.params, sort_keys=True, default=str) for c in chosen}
     if len(distinct) != 1:
         raise ConfigError(
             f"{config.name}: placeholder pattern '{text}' matches {len(distinct)} cells; it must name one"
         )
-    ids = {c.id for c in chosen}
+    ids = {c.id for c in chosen if seed is None or str(c.seed) == seed}
     return [r for r in records if r["cell"] in ids and r.get("done")]
 
 

@@ -377,6 +377,10 @@ def test_cells_expand_per_seed_and_the_table_shows_mean_std_and_n(tmp_path: Path
     assert "| 0 | 80.0 |" in table
     assert "| 1 | 70.0 ± 10.0 (3) |" in table  # mean ± sample std (n)
     assert fill(config.reading, config, records) == "ACC 70.0 ± 10.0 %, −10.0 points over clean"
+    # one seed by name
+    assert fill("{{final_accuracy @ malicious=1, seed=2}}", config, records) == "80.0"
+    assert fill("{{final_accuracy @ malicious=1, seed=0 - malicious=0, seed=0}}", config, records) == "−20.0"
+    assert fill("{{final_accuracy @ malicious=0, seed=1}}", config, records) == "–"  # not run
 
 
 def test_placeholders_name_one_cell_and_series_run_from_round_zero(tmp_path: Path) -> None:
