@@ -7,7 +7,8 @@ names are the parameter names of HF PEFT's prompt encoders, so a worker loads th
 - ``prompt_tuning``: ``prompt_embeddings`` [n, hidden] (PEFT ``PromptEmbedding.embedding.weight``).
 - ``p_tuning``: the prompt encoder itself, ``prompt_encoder.embedding.weight`` plus its MLP or LSTM
   (PEFT ``PromptEncoder``); FedPrompt communicates the encoder, not its output.
-- ``prefix_tuning``: ``prompt_embeddings`` [n, 2 * layers * hidden], the key/value prefixes of every layer
+- ``prefix_tuning``: ``prompt_embeddings`` [n, 2 * layers * kv_size], the key/value prefixes of every layer
+  (kv_size = hidden, or num_key_value_heads × head_dim under grouped-query attention)
   (PEFT ``PrefixEncoder.embedding.weight``); with ``prefix_projection`` the re-parameterisation
   (``prompt_encoder.embedding.weight`` and ``prompt_encoder.transform.*``) is communicated instead.
 """
@@ -47,6 +48,9 @@ class MethodConfig:
     num_virtual_tokens: int = 20
     hidden_size: int = 384
     num_layers: int | None = None
+    # width of one layer's key (or value) states: hidden_size under multi-head attention,
+    # num_key_value_heads × head_dim under grouped-query attention (Llama, SmolLM2); None: hidden_size
+    kv_size: int | None = None
     encoder_type: EncoderType = "mlp"
     encoder_hidden_size: int | None = None
     encoder_num_layers: int = 2
@@ -63,11 +67,12 @@ class MethodConfig:
         return self.method == "p_tuning" or (self.method == "prefix_tuning" and self.prefix_projection)
 
     def prompt_width(self) -> int:
-        """Width of one materialised virtual token: hidden, or 2 * layers * hidden for prefixes."""
+        """Width of one materialised virtual token: hidden, or 2 * layers * kv_size for prefixes (a key and
+        a value state per layer)."""
         if self.method == "prefix_tuning":
             if not self.num_layers:
                 raise MethodError("prefix tuning needs num_layers (the model's number of transformer layers)")
-            return 2 * self.num_layers * self.hidden_size
+            return 2 * self.num_layers * (self.kv_size or self.hidden_size)
         return self.hidden_size
 
 
@@ -80,10 +85,11 @@ def tensor_shapes(cfg: MethodConfig) -> dict[str, tuple[int, ...]]:
         width = cfg.prompt_width()
         if not cfg.prefix_projection:
             return {PROMPT_TENSOR: (n, width)}
+        k = cfg.kv_size or h  # PEFT sizes the prefix encoder's input by the key/value width too
         return _prefixed(
             {
-                "embedding.weight": (n, h),
-                "transform.0.weight": (e, h),
+                "embedding.weight": (n, k),
+                "transform.0.weight": (e, k),
                 "transform.0.bias": (e,),
                 "transform.2.weight": (width, e),
                 "transform.2.bias": (width,),

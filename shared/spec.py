@@ -247,6 +247,13 @@ class FederationSpec(BaseModel):
     num_attention_heads: int | None = Field(
         None, ge=1, le=1024, description="Attention heads of the PLM (needed to export prefix tuning)."
     )
+    kv_size: int | None = Field(
+        None,
+        ge=1,
+        le=65536,
+        description="Width of one layer's key/value states, for prefix tuning: num_key_value_heads × head_dim "
+        "for a model with grouped-query attention (SmolLM2: 3 × 64); default hidden_size.",
+    )
     encoder_type: Literal["mlp", "lstm"] = Field("mlp", description="P-tuning's prompt encoder.")
     encoder_hidden_size: int | None = Field(
         None, ge=1, le=65536, description="Hidden size of the prompt encoder (default: hidden_size)."
@@ -376,6 +383,7 @@ class FederationSpec(BaseModel):
             num_virtual_tokens=self.num_virtual_tokens,
             hidden_size=self.hidden_size,
             num_layers=self.num_layers,
+            kv_size=self.kv_size,
             encoder_type=self.encoder_type,
             encoder_hidden_size=self.encoder_hidden_size,
             encoder_num_layers=self.encoder_num_layers,

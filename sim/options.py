@@ -289,6 +289,7 @@ def model_facts(
         else ("tied-embeddings" if engine.head == "tied-embeddings" else "auto"),
         "family": engine.family,
         "num_layers": engine.method_config.num_layers,
+        "kv_size": engine.method_config.kv_size,
         "num_attention_heads": engine.num_attention_heads,
         "model_info": engine.description,
         "params_full_model": engine.model_parameters(),

@@ -21,6 +21,8 @@ from transformers import (
     DistilBertForMaskedLM,
     GPT2Config,
     GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
     PreTrainedTokenizerFast,
     RobertaConfig,
     RobertaForMaskedLM,
@@ -99,7 +101,7 @@ def tiny_model(kind: str, seed: int = 0) -> tuple[torch.nn.Module, Any]:
             intermediate_size=64, max_position_embeddings=128, initializer_range=0.2,
         )  # fmt: skip
         return BertForMaskedLM(cfg), tok
-    tok = word_tokenizer(kind)
+    tok = word_tokenizer("gpt2" if kind == "llama" else kind)
     if kind == "roberta":
         cfg = RobertaConfig(
             vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -113,6 +115,13 @@ def tiny_model(kind: str, seed: int = 0) -> tuple[torch.nn.Module, Any]:
             bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, initializer_range=0.2,
         )  # fmt: skip
         return GPT2LMHeadModel(cfg), tok
+    if kind == "llama":  # grouped-query attention: 4 query heads share 2 key/value heads (kv width 16)
+        cfg = LlamaConfig(
+            vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, initializer_range=0.2,
+        )  # fmt: skip
+        return LlamaForCausalLM(cfg), tok
     cfg = T5Config(
         vocab_size=len(tok), d_model=32, d_kv=16, num_heads=2, d_ff=64, num_layers=2,
         decoder_start_token_id=tok.pad_token_id, pad_token_id=tok.pad_token_id,
@@ -121,7 +130,14 @@ def tiny_model(kind: str, seed: int = 0) -> tuple[torch.nn.Module, Any]:
     return T5ForConditionalGeneration(cfg), tok
 
 
-FAMILY = {"bert": "masked_lm", "roberta": "masked_lm", "gpt2": "causal_lm", "t5": "seq2seq"}
+FAMILY = {
+    "bert": "masked_lm",
+    "roberta": "masked_lm",
+    "gpt2": "causal_lm",
+    "llama": "causal_lm",
+    "t5": "seq2seq",
+}
+KV_SIZE = {"llama": 16}  # the key/value width where it is not the hidden size (grouped-query attention)
 
 
 def make_engine(kind: str, method: str, *, seed: int = 0, init: str = "vocab") -> PromptEngine:
@@ -142,7 +158,7 @@ def frozen_state(engine: PromptEngine) -> dict[str, torch.Tensor]:
     }
 
 
-MATRIX = [(kind, method) for kind in ("bert", "roberta", "gpt2", "t5") for method in METHODS]
+MATRIX = [(kind, method) for kind in ("bert", "roberta", "gpt2", "llama", "t5") for method in METHODS]
 
 
 @pytest.mark.parametrize(("kind", "method"), MATRIX, ids=[f"{k}-{m}" for k, m in MATRIX])
@@ -153,8 +169,9 @@ def test_method_on_family(kind: str, method: str) -> None:
     assert engine.family == FAMILY[kind]
     spec = FederationSpec(
         template=TEMPLATES[FAMILY[kind]], family=FAMILY[kind], hidden_size=32, num_layers=2,
-        num_virtual_tokens=NV, **METHODS[method],
+        kv_size=KV_SIZE.get(kind), num_virtual_tokens=NV, **METHODS[method],
     )  # fmt: skip
+    assert engine.method_config.kv_size == KV_SIZE.get(kind)
     assert engine.tensor_shapes() == spec.tensor_shapes()
     frozen_before = frozen_state(engine)
     method_before = engine.get_prompt()

@@ -20,7 +20,7 @@ from worker.engine import prompt_io
 from worker.engine.batching import cycle_batches, label_ids, pad
 from worker.engine.initial import Init, initialise
 from worker.engine.loading import HeadChoice, backbone_of, check_positions, load_pretrained, spec_options
-from worker.engine.methods import attach, model_shape
+from worker.engine.methods import attach, kv_size, model_shape
 from worker.engine.model import (
     Backbone,
     Head,
@@ -96,6 +96,7 @@ class PromptEngine:
             num_virtual_tokens=num_virtual_tokens,
             hidden_size=self.hidden_size,
             num_layers=num_layers,
+            kv_size=kv_size(backbone.config),
             encoder_type=encoder_type,
             encoder_hidden_size=encoder_hidden_size,
             encoder_num_layers=encoder_num_layers,

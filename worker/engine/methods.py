@@ -39,6 +39,19 @@ def model_shape(config: Any) -> tuple[int, int, int]:
     return int(hidden), int(layers), int(heads)
 
 
+def kv_size(config: Any) -> int | None:
+    """Width of one layer's key/value states where it is not the hidden size (grouped-query attention:
+    num_key_value_heads × head_dim, as PEFT sizes prefixes for it), else None."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kv_heads = getattr(text, "num_key_value_heads", None)
+    hidden, _, heads = model_shape(config)
+    if not kv_heads or not heads:
+        return None
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    size = int(kv_heads * head_dim)
+    return None if size == hidden else size
+
+
 def peft_config(cfg: MethodConfig, family: str, config: Any) -> Any:
     """The PEFT config of a method for a model (one set of virtual tokens, on the encoder side)."""
     from peft import PrefixTuningConfig, PromptEncoderConfig, PromptTuningConfig

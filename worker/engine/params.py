@@ -62,11 +62,15 @@ class Row:
 
 def method_config(config: Any, num_virtual_tokens: int, **method: Any) -> MethodConfig:
     """The method's shape fields for a model config (hidden size and layers as PEFT reads them)."""
-    from worker.engine.methods import model_shape
+    from worker.engine.methods import kv_size, model_shape
 
     hidden, layers, _ = model_shape(config)
     return MethodConfig(
-        num_virtual_tokens=num_virtual_tokens, hidden_size=hidden, num_layers=layers, **method
+        num_virtual_tokens=num_virtual_tokens,
+        hidden_size=hidden,
+        num_layers=layers,
+        kv_size=kv_size(config),
+        **method,
     )
 
 
