@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -14,6 +14,15 @@ from shared.methods import tensor_shapes as method_tensor_shapes
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
 Precision = Literal["auto", "fp32", "bf16"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+
+
+def check_precision(value: str) -> None:
+    """ValueError naming the choices for a precision that is none of them."""
+    if value not in PRECISIONS:
+        raise ValueError(f"precision must be {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}; got {value!r}")
+
+
 PRECISION_HELP = (
     "Arithmetic of the frozen model: fp32 | bf16 (bfloat16 autocast; the prompt and its optimiser stay "
     "float32; on a CPU it needs AVX512-BF16 or AMX to be fast, `python -m bench.levers`) | auto (bf16 on "

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.methods import METHODS
-from shared.spec import FederationSpec, default_lr
+from shared.spec import FederationSpec, check_precision, default_lr
 from sim.data_options import Dataset, resolve_data
 
 __all__ = ["Dataset", "SimulateOptions", "federation_spec", "validate"]
@@ -181,8 +181,7 @@ def check_method_options(opts: SimulateOptions) -> None:
         raise ValueError(f"--init-prompt {opts.init_prompt} is not a file")
     if opts.scoring not in ("auto", "tied-embeddings", "mean-pool"):
         raise ValueError(f"--scoring must be auto, tied-embeddings or mean-pool; got {opts.scoring!r}")
-    if opts.precision not in ("auto", "fp32", "bf16"):
-        raise ValueError(f"--precision must be auto, fp32 or bf16; got {opts.precision!r}")
+    check_precision(opts.precision)
     if opts.method not in METHODS or opts.encoder_type not in ("mlp", "lstm"):
         raise ValueError(
             f"--method must be one of {', '.join(METHODS)} and --encoder-type mlp or lstm "

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 import typer
 
 from shared.evalstats import macro_f1
-from shared.spec import DEFAULT_MODEL, PRECISION_HELP, default_lr
+from shared.spec import DEFAULT_MODEL, PRECISION_HELP, check_precision, default_lr
 from worker.data.help import (
     DATA_HELP,
     LABEL_COLUMN_HELP,
@@ -144,8 +144,10 @@ def train_local_command(
         raise typer.BadParameter(f"--init must be 'vocab', 'label' or 'random'; got {init!r}")
     if scoring not in ("auto", "tied-embeddings", "mean-pool"):
         raise typer.BadParameter(f"--scoring must be auto, tied-embeddings or mean-pool; got {scoring!r}")
-    if precision not in ("auto", "fp32", "bf16"):
-        raise typer.BadParameter(f"--precision must be auto, fp32 or bf16; got {precision!r}")
+    try:
+        check_precision(precision)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     try:
         source = DataSource(
             data=dataset,

@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from shared import wire
 from shared.methods import PROMPT_TENSOR, EncoderType, Method, MethodConfig, tensor_shapes
-from shared.spec import FederationSpec, Precision
+from shared.spec import FederationSpec, Precision, check_precision
 from worker.engine import prompt_io
 from worker.engine.batching import cycle_batches, label_ids, pad
 from worker.engine.initial import Init, initialise
@@ -68,9 +68,8 @@ class PromptEngine:
         if num_virtual_tokens < 1:
             raise ValueError(f"num_virtual_tokens must be >= 1; got {num_virtual_tokens}")
         self.device = pick_device(device)
-        if precision not in ("auto", "fp32", "bf16"):
-            raise ValueError(f"precision must be auto, fp32 or bf16; got {precision!r}")
-        # bf16 autocast: on CUDA by default; on a CPU when asked (bfloat16 instructions make it pay)
+        check_precision(precision)
+        # bf16 autocast: on CUDA by default; on a CPU only when asked
         self.precision = (
             "bf16" if precision == "bf16" or (precision == "auto" and self.device.type == "cuda") else "fp32"
         )
