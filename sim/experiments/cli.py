@@ -22,6 +22,12 @@ def run_command(
     config: Annotated[Path, typer.Argument(help="experiments/<name>.yaml")],
     out: OutOpt = Path("runs/experiments"),
     limit: Annotated[int | None, typer.Option(min=1, help="Run at most this many unfinished cells.")] = None,
+    seeds: Annotated[
+        str | None,
+        typer.Option(
+            help="Run only the cells of these seeds (comma-separated, e.g. 0): a long grid whole for one seed first."
+        ),
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the cells and their state only.")] = False,
     figures: FiguresOpt = Path("docs/results"),
     rerun: Annotated[
@@ -50,10 +56,11 @@ def run_command(
     except ConfigError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
+    only = _seed_list(seeds, cfg.seeds)
     committed = {} if rerun else committed_cells(figures, cfg.name)
     if dry_run:
-        cells = expand(cfg)
-        console.print(f"{cfg.name}: {len(cells)} cells (seeds {cfg.seeds})")
+        cells = [c for c in expand(cfg) if only is None or c.seed in only]
+        console.print(f"{cfg.name}: {len(cells)} cells (seeds {only or cfg.seeds})")
         for cell in cells:
             match = committed_match(committed, cfg, cell, out)
             stale = stale_reason(match, cell.options) if match is not None else None
@@ -70,6 +77,7 @@ def run_command(
         out,
         echo=console.print,
         limit=limit,
+        seeds=only,
         committed=committed,
         committed_warm=warm_prompts_dir(figures),
     )
@@ -78,6 +86,20 @@ def run_command(
     console.print(f"{cfg.name}: {done}/{len(statuses)} cells done, {len(failed)} failed")
     if failed:
         raise typer.Exit(1)
+
+
+def _seed_list(text: str | None, grid: list[int]) -> list[int] | None:
+    """`--seeds 0,2` as a list of the config's seeds; exits with a message naming them otherwise."""
+    if text is None:
+        return None
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or not set(seeds) <= set(grid):
+        console.print(f"[red]error:[/] --seeds {text!r}: give comma-separated seeds of the config's {grid}")
+        raise typer.Exit(2)
+    return seeds
 
 
 @app.command("report")

@@ -414,7 +414,8 @@ and the same starting prompt (sha256 of its warm-start prompt) counts as finishe
 the warm-start prompts the finished cells started from (`docs/results/warm/`), and `run` takes a
 warm start from there rather than training it again: another CPU's float kernels would train a
 slightly different prompt and make every committed cell stale.
-`fedprompt experiment run --dry-run` lists every cell (one per seed) and its state.
+`fedprompt experiment run --dry-run` lists every cell (one per seed) and its state; `--seeds 0`
+runs only one seed's cells, so a long grid is first whole for one seed, then for the next.
 
 **Reading the tables.** A figure of ours is the mean ± std over the seeds that ran, with their
 number in brackets; where one seed ran, its value. "–": not run (yet). Percentages throughout. The

@@ -14,7 +14,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -296,10 +296,12 @@ def run_experiment(
     echo: Callable[[str], None] = print,
     runner: Runner = _run_process,
     limit: int | None = None,
+    seeds: Collection[int] | None = None,
     committed: dict[str, dict[str, Any]] | None = None,
     committed_warm: Path | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every unfinished cell (at most `limit` of them); returns one status record per cell.
+    """Run every unfinished cell (at most `limit` of them, and only those of `seeds` when given: a
+    long grid can be taken whole for one seed first); returns one status record per cell.
 
     `committed`: finished cells of the experiment's committed summary (`committed_cells`); a cell found
     there with the same options and the same starting prompt (for a warm start: the prompt trained
@@ -353,7 +355,7 @@ def run_experiment(
                 f"[{n}/{len(cells)}] {cell.id}: the committed result "
                 + (stale if stale else "ran with other options or prompt")
             )
-        if limit is not None and started_cells >= limit:
+        if (limit is not None and started_cells >= limit) or (seeds is not None and cell.seed not in seeds):
             record["status"] = "pending"
             statuses.append(record)
             continue

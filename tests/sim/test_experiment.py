@@ -137,6 +137,32 @@ def test_run_resumes_by_skipping_finished_cells(tmp_path: Path) -> None:
     ]
 
 
+def test_seeds_run_the_grid_whole_for_one_seed_first(tmp_path: Path) -> None:
+    config, _ = _config(tmp_path, CONFIG.replace("seeds: [0]", "seeds: [0, 1]"))
+    fake = FakeSimulate()
+    first = run_experiment(config, tmp_path / "runs", runner=fake, echo=lambda _: None, seeds=[1])
+    ran = sorted(Path(a[a.index("--out") + 1]).name for a in fake.calls)
+    assert len(ran) == 5 and all(name.endswith("_seed-1") for name in ran)
+    assert [s["status"] for s in first if s["cell"].endswith("_seed-0")] == ["pending"] * 5
+
+    fake2 = FakeSimulate()
+    second = run_experiment(config, tmp_path / "runs", runner=fake2, echo=lambda _: None)
+    assert all(s["status"] == "done" for s in second)
+    assert sorted(Path(a[a.index("--out") + 1]).name for a in fake2.calls) == [
+        n.removesuffix("_seed-1") + "_seed-0" for n in ran
+    ]
+
+
+def test_seeds_option_names_the_configs_seeds(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from sim.experiments.cli import app
+
+    _, path = _config(tmp_path)
+    result = CliRunner().invoke(app, ["run", str(path), "--seeds", "3", "--dry-run"])
+    assert result.exit_code == 2 and "seeds of the config's [0]" in result.output
+
+
 def test_a_cell_that_ran_with_other_options_runs_again_and_is_not_reported(tmp_path: Path) -> None:
     config, _ = _config(tmp_path)
     run_experiment(config, tmp_path / "runs", runner=FakeSimulate(), echo=lambda _: None)
