@@ -22,6 +22,8 @@ PERCENT = {
     "max_local_asr",
     "local_accuracy",
     "accuracy_drop",
+    "final_macro_f1",
+    "majority_rate",
 }
 
 

@@ -44,7 +44,18 @@ def cell_metrics(results: dict[str, Any]) -> dict[str, Any]:
         "wall_seconds": results.get("wall_seconds"),
         # parameters one client uploads per round (the method's trainable prompt parameters)
         "params_sent": results.get("params_communicated"),
+        "final_macro_f1": last.get("macro_f1"),
+        "majority_rate": majority_rate(last.get("confusion")),
     }
+
+
+def majority_rate(confusion: list[list[int]] | None) -> float | None:
+    """The accuracy of always answering the most frequent true label of the evaluated examples
+    (rows of the confusion matrix are true labels): the figure an accuracy must beat to mean learning."""
+    if not confusion:
+        return None
+    totals = [sum(row) for row in confusion]
+    return max(totals) / sum(totals) if sum(totals) else None
 
 
 def collect(config: ExperimentConfig, out_root: Path) -> list[dict[str, Any]]:

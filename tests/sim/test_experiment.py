@@ -213,6 +213,15 @@ def test_cell_metrics_from_results() -> None:
     assert m["final_accuracy"] == 0.75 and m["initial_asr"] == 0.1 and m["final_asr"] == 0.2
     assert m["max_local_asr"] == 0.9 and m["local_asr"] == pytest.approx(0.9)
     assert m["rejected"] == 1 and m["rounds"] == 3
+    assert m["final_macro_f1"] is None and m["majority_rate"] is None  # the results carry no per-class figures
+
+
+def test_macro_f1_and_the_majority_class_rate_come_from_the_last_round() -> None:
+    results = _results(2, 0.7, 0.2)
+    results["rounds"][-1] |= {"macro_f1": 0.55, "confusion": [[290, 10], [80, 20]]}
+    m = cell_metrics(results)
+    assert m["final_macro_f1"] == 0.55
+    assert m["majority_rate"] == 0.75  # 300 of 400 evaluated examples are label 0: 70 % does not beat it
 
 
 def test_report_writes_results_md_whole_with_the_papers_figure_beside_ours(tmp_path: Path) -> None:
