@@ -213,7 +213,9 @@ def test_cell_metrics_from_results() -> None:
     assert m["final_accuracy"] == 0.75 and m["initial_asr"] == 0.1 and m["final_asr"] == 0.2
     assert m["max_local_asr"] == 0.9 and m["local_asr"] == pytest.approx(0.9)
     assert m["rejected"] == 1 and m["rounds"] == 3
-    assert m["final_macro_f1"] is None and m["majority_rate"] is None  # the results carry no per-class figures
+    assert (
+        m["final_macro_f1"] is None and m["majority_rate"] is None
+    )  # the results carry no per-class figures
 
 
 def test_macro_f1_and_the_majority_class_rate_come_from_the_last_round() -> None:
