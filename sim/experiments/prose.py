@@ -34,6 +34,8 @@ def _number(metric: str, value: float) -> str:
         return f"{value:.0f}"
     if metric == "params_sent":
         return f"{value:,.0f}"
+    if metric == "rejected":  # a count; its mean and std over seeds to a tenth
+        return f"{value:.1f}".removesuffix(".0")
     if metric == "noise":
         return f"{value:.3g}"
     if metric.startswith("epsilon"):

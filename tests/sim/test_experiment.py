@@ -521,6 +521,7 @@ def test_stat_gives_mean_and_sample_std_and_drops_a_zero_spread() -> None:
         stat("epsilon_cumulative", [1.4652311573405759, 1.465231157340576, 1.4652311573405759]) == "1.47 (3)"
     )
     assert stat("noise", [14.9, 14.9], with_n=False) == "14.9"
+    assert stat("rejected", [8, 9]) == "8.5 ± 0.7 (2)" and stat("rejected", [4, 4]) == "4 (2)"
 
 
 def test_a_cell_another_experiment_already_ran_is_taken_from_there_not_run_twice(tmp_path: Path) -> None:
