@@ -10,13 +10,12 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+from fedprompt.coordinator.db import Client, Round, Update, make_engine, make_sessionmaker
+from fedprompt.coordinator.migrate import upgrade
+from fedprompt.coordinator.service import Coordinator
+from fedprompt.shared import wire
+from fedprompt.shared.spec import FederationSpec
 from sqlalchemy import select
-
-from coordinator.db import Client, Round, Update, make_engine, make_sessionmaker
-from coordinator.migrate import upgrade
-from coordinator.service import Coordinator
-from shared import wire
-from shared.spec import FederationSpec
 
 
 def _prepare(path: Path, blobs: list[bytes]) -> tuple[int, int]:

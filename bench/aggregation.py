@@ -22,10 +22,10 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from fedprompt.coordinator.logic.aggregation import aggregate, available_rules
+from fedprompt.shared import wire
 
 from bench.common import ratio, write_result
-from coordinator.logic.aggregation import aggregate, available_rules
-from shared import wire
 
 SHAPE = (20, 384)
 PARAMS: dict[str, dict[str, Any]] = {

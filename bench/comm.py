@@ -29,11 +29,11 @@ from typing import Any
 
 import httpx
 import numpy as np
+from fedprompt.shared import wire
+from fedprompt.shared.client import CoordinatorClient
+from fedprompt.shared.spec import FederationSpec
 
 from bench.common import ratio, write_result
-from shared import wire
-from shared.client import CoordinatorClient
-from shared.spec import FederationSpec
 
 ADMIN = "bench-admin-token-0123456789abcdef"
 # (label, hidden size, layers, heads) of the models measured: the offline default and a BERT-base-sized one.
@@ -224,9 +224,8 @@ def full_state_dict_bytes(label: str, hidden: int, layers: int, heads: int) -> d
     from transformers import BertConfig, BertModel
 
     if label.startswith("all-MiniLM"):
+        from fedprompt.worker.engine.offline import resolve_model
         from transformers import AutoModel
-
-        from worker.engine.offline import resolve_model
 
         model = AutoModel.from_pretrained(resolve_model(FederationSpec().model))
         state = {k: v.contiguous() for k, v in model.state_dict().items()}

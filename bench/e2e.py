@@ -30,8 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedprompt.shared import wire
+
 from bench.common import ratio, spread, write_result
-from shared import wire
 
 PARTS = (
     "evaluation",

@@ -37,10 +37,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from fedprompt.shared.client import CoordinatorClient
+from fedprompt.shared.local import free_port, wait_ready
+from fedprompt.shared.spec import FederationSpec
+
 from bench.common import percentile, proc_cpu_seconds, proc_peak_rss_mib, ratio, spread, write_result
-from shared.client import CoordinatorClient
-from shared.local import free_port, wait_ready
-from shared.spec import FederationSpec
 
 ADMIN = "bench-admin-token-0123456789abcdef"
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"

@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from fedprompt.shared.spec import DEFAULT_MODEL
+from fedprompt.worker.data import load_dataset, preset_for
+from fedprompt.worker.engine import PromptEngine
 
 from bench.common import self_peak_rss_mib, write_result
-from shared.spec import DEFAULT_MODEL
-from worker.data import load_dataset, preset_for
-from worker.engine import PromptEngine
 
 LR = 0.01  # mean-pool scoring's rate (bench/scoring.py)
 

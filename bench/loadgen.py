@@ -30,9 +30,9 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+from fedprompt.shared import wire
 
 from bench.common import percentile
-from shared import wire
 
 API = "/api/v1/federations"
 TICK_S = 0.01

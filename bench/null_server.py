@@ -26,8 +26,7 @@ import numpy as np
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-
-from shared import wire
+from fedprompt.shared import wire
 
 SHA = "0" * 64
 

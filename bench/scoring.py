@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 import torch
+from fedprompt.shared.spec import DEFAULT_MODEL
+from fedprompt.worker.data import load_dataset, preset_for
+from fedprompt.worker.engine import PromptEngine
 
 from bench.common import self_peak_rss_mib, write_result
-from shared.spec import DEFAULT_MODEL
-from worker.data import load_dataset, preset_for
-from worker.engine import PromptEngine
 
 SCORINGS = ("tied-embeddings", "mean-pool")
 

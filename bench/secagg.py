@@ -37,14 +37,14 @@ from typing import Any
 
 import httpx
 import numpy as np
+from fedprompt.shared import wire
+from fedprompt.shared.local import free_port, wait_ready
+from fedprompt.shared.secagg import client as stages
+from fedprompt.shared.secagg import quantise
+from fedprompt.shared.secagg.protocol import RoundSecrets
 from sqlalchemy import create_engine, text
 
 from bench.common import proc_cpu_seconds, ratio, write_result
-from shared import wire
-from shared.local import free_port, wait_ready
-from shared.secagg import client as stages
-from shared.secagg import quantise
-from shared.secagg.protocol import RoundSecrets
 
 ADMIN = "bench-admin-token-0123456789abcdef"
 API = "/api/v1/federations"

@@ -21,14 +21,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from fedprompt.shared.spec import DEFAULT_MODEL
+from fedprompt.worker.data import load_dataset, preset_for
+from fedprompt.worker.engine import PromptEngine
+from fedprompt.worker.engine.batching import cycle_batches
+from fedprompt.worker.engine.offline import resolve_model
 from torch.nn import functional as F
 
 from bench.common import ratio, self_peak_rss_mib, write_result
-from shared.spec import DEFAULT_MODEL
-from worker.data import load_dataset, preset_for
-from worker.engine import PromptEngine
-from worker.engine.batching import cycle_batches
-from worker.engine.offline import resolve_model
 
 
 class BareLoop:

@@ -13,26 +13,25 @@ import anyio.to_thread
 from fastapi import Depends, FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi.staticfiles import StaticFiles
-
-from coordinator.api import problems
-from coordinator.api.body_limit import BodyLimitMiddleware
-from coordinator.api.longpoll import TaskPoll
-from coordinator.api.perloop import PerLoop
-from coordinator.api.routes import clients, dashboard, export, federations, health, rounds, secagg
-from coordinator.config import Settings
-from coordinator.dashboard import STATIC_DIR
-from coordinator.db import make_engine, make_sessionmaker
-from coordinator.inflight import UploadGate
-from coordinator.metrics import (
+from fedprompt.coordinator.api import problems
+from fedprompt.coordinator.api.body_limit import BodyLimitMiddleware
+from fedprompt.coordinator.api.longpoll import TaskPoll
+from fedprompt.coordinator.api.perloop import PerLoop
+from fedprompt.coordinator.api.routes import clients, dashboard, export, federations, health, rounds, secagg
+from fedprompt.coordinator.config import Settings
+from fedprompt.coordinator.dashboard import STATIC_DIR
+from fedprompt.coordinator.db import make_engine, make_sessionmaker
+from fedprompt.coordinator.inflight import UploadGate
+from fedprompt.coordinator.metrics import (
     CoordinatorMetrics,
     MetricsMiddleware,
     RoundTransition,
     instrument_sessions,
     log_transition,
 )
-from coordinator.ratelimit import RateLimiter
-from coordinator.service import Coordinator
-from shared.logs import RequestContextMiddleware, bind_route_context, register_secret
+from fedprompt.coordinator.ratelimit import RateLimiter
+from fedprompt.coordinator.service import Coordinator
+from fedprompt.shared.logs import RequestContextMiddleware, bind_route_context, register_secret
 
 log = logging.getLogger("fedprompt.coordinator")
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-
-from coordinator.config import ConfigError, Settings, require_admin_token
-from shared.logs import LogFormatOption
+from fedprompt.coordinator.config import ConfigError, Settings, require_admin_token
+from fedprompt.shared.logs import LogFormatOption
 
 app = typer.Typer(help="fedprompt coordinator: federated rounds over HTTP.", no_args_is_help=True)
 
@@ -23,7 +22,7 @@ def _settings() -> Settings:
 @app.command()
 def migrate() -> None:
     """Apply database migrations (FEDPROMPT_DATABASE_URL) up to the newest schema."""
-    from coordinator.migrate import upgrade
+    from fedprompt.coordinator.migrate import upgrade
 
     settings = _settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -49,11 +48,10 @@ def serve(
     import logging
 
     import uvicorn
-
-    from coordinator.app import create_app
-    from coordinator.migrate import upgrade
-    from coordinator.server import uvicorn_options
-    from shared.logs import configure_logging
+    from fedprompt.coordinator.app import create_app
+    from fedprompt.coordinator.migrate import upgrade
+    from fedprompt.coordinator.server import uvicorn_options
+    from fedprompt.shared.logs import configure_logging
 
     try:
         configure_logging("info", log_format)

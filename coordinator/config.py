@@ -7,6 +7,7 @@ import os
 import secrets
 from pathlib import Path
 
+from fedprompt.coordinator.ratelimit import parse_limits
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
@@ -14,8 +15,6 @@ from pydantic_settings import (
     SecretsSettingsSource,
     SettingsConfigDict,
 )
-
-from coordinator.ratelimit import parse_limits
 
 # A folder of secret files, one per setting, named like the variable (fedprompt_admin_token,
 # fedprompt_database_url): Docker / Kubernetes secrets mounted as files. Variables win over files.

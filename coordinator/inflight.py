@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from coordinator.ratelimit import RateLimited
+from fedprompt.coordinator.ratelimit import RateLimited
 
 RETRY_AFTER_S = 1
 

@@ -19,15 +19,9 @@ from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-from sqlalchemy import event, inspect
-from sqlalchemy.orm import Session, sessionmaker
-
-from coordinator.api.paths import UPLOAD_ROUTE
-from coordinator.db import Round
-from coordinator.errors import (
+from fedprompt.coordinator.api.paths import UPLOAD_ROUTE
+from fedprompt.coordinator.db import Round
+from fedprompt.coordinator.errors import (
     Conflict,
     Forbidden,
     Gone,
@@ -37,6 +31,11 @@ from coordinator.errors import (
     TooLarge,
     Unauthorized,
 )
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import event, inspect
+from sqlalchemy.orm import Session, sessionmaker
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -10,7 +10,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
 
-import migrations
+from fedprompt import migrations
 
 
 def alembic_config(url: str) -> Config:

@@ -19,11 +19,10 @@ from __future__ import annotations
 import math
 import time
 
+from fedprompt.coordinator.errors import ServiceError
 from limits import RateLimitItem, parse_many
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
-
-from coordinator.errors import ServiceError
 
 
 class RateLimited(ServiceError):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from coordinator.config import Settings
+from fedprompt.coordinator.config import Settings
 
 try:  # uvicorn's compiled parser: a dependency of the package, but keep the pure-Python fallback
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol

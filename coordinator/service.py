@@ -16,18 +16,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from fedprompt.coordinator.db import Client, EnrollmentToken, Federation, PromptVersion
+from fedprompt.coordinator.logic.uploads import UploadResult
+from fedprompt.coordinator.store import Stamp, Store
+from fedprompt.coordinator.usecases.enrolment import Enrolment
+from fedprompt.coordinator.usecases.federations import Federations
+from fedprompt.coordinator.usecases.reads import Reads
+from fedprompt.coordinator.usecases.rounds import RoundCycle
+from fedprompt.coordinator.usecases.tasks import Tasks
+from fedprompt.coordinator.usecases.uploads import Uploads
+from fedprompt.shared.spec import FederationSpec
 from sqlalchemy.orm import sessionmaker
-
-from coordinator.db import Client, EnrollmentToken, Federation, PromptVersion
-from coordinator.logic.uploads import UploadResult
-from coordinator.store import Stamp, Store
-from coordinator.usecases.enrolment import Enrolment
-from coordinator.usecases.federations import Federations
-from coordinator.usecases.reads import Reads
-from coordinator.usecases.rounds import RoundCycle
-from coordinator.usecases.tasks import Tasks
-from coordinator.usecases.uploads import Uploads
-from shared.spec import FederationSpec
 
 
 class Coordinator:

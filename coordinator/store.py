@@ -19,13 +19,21 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
+from fedprompt.coordinator.db import (
+    MAX_ID,
+    WRITE_OPTION,
+    Event,
+    Federation,
+    Participant,
+    PromptVersion,
+    Round,
+    Update,
+)
+from fedprompt.coordinator.errors import Invalid, NotFound
+from fedprompt.coordinator.writelock import WriteLock
+from fedprompt.shared.spec import FederationSpec
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer, sessionmaker
-
-from coordinator.db import MAX_ID, WRITE_OPTION, Event, Federation, Participant, PromptVersion, Round, Update
-from coordinator.errors import Invalid, NotFound
-from coordinator.writelock import WriteLock
-from shared.spec import FederationSpec
 
 # A poll does not write last_seen_at again within a tenth of the federation's availability timeout
 # of the client's last recorded one, and never more than this long (5 s until the process has read

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from alembic import context
+from fedprompt.coordinator.db import WRITE_OPTION, Base, make_engine
 from sqlalchemy import text
-
-from coordinator.db import WRITE_OPTION, Base, make_engine
 
 config = context.config
 target_metadata = Base.metadata

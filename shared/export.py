@@ -16,10 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+from fedprompt.shared.methods import PROMPT_TENSOR, materialise, peft_adapter_config
+from fedprompt.shared.spec import FederationSpec
 from safetensors.numpy import save as st_save
-
-from shared.methods import PROMPT_TENSOR, materialise, peft_adapter_config
-from shared.spec import FederationSpec
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"

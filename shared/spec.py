@@ -6,10 +6,9 @@ import math
 from typing import Any, Literal, get_args
 
 import numpy as np
+from fedprompt.shared.methods import PROMPT_TENSOR, MethodConfig, MethodError, num_parameters
+from fedprompt.shared.methods import tensor_shapes as method_tensor_shapes
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from shared.methods import PROMPT_TENSOR, MethodConfig, MethodError, num_parameters
-from shared.methods import tensor_shapes as method_tensor_shapes
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 

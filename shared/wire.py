@@ -13,10 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from fedprompt.shared import jsonlimits
 from safetensors.numpy import load as _st_load
 from safetensors.numpy import save as _st_save
-
-from shared import jsonlimits
 
 FORMAT = "fedprompt/1"
 WIRE_DTYPE = np.dtype("float32")

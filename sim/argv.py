@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.supervisor import bin_path
+from fedprompt.sim.supervisor import bin_path
 
 
 def to_args(options: Mapping[str, Any]) -> list[str]:

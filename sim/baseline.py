@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shared.spec import FederationSpec
-from sim.argv import TrainLocal
-from sim.supervisor import die_with_parent
-from sim.tables import console
+from fedprompt.shared.spec import FederationSpec
+from fedprompt.sim.argv import TrainLocal
+from fedprompt.sim.supervisor import die_with_parent
+from fedprompt.sim.tables import console
 
 
 def run_baseline(

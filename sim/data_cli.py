@@ -14,15 +14,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-
-from worker.data.help import (
+from fedprompt.worker.data.help import (
     LABEL_COLUMN_HELP,
     LABELS_HELP,
     TEXT_B_COLUMN_HELP,
     TEXT_COLUMN_HELP,
 )
+from rich.console import Console
+from rich.markup import escape
 
 data_app = typer.Typer(
     help="Data sets: list what this machine has, import your own file, fetch the paper's sets.",
@@ -60,9 +59,9 @@ def list_command(
 ) -> None:
     """The packed data sets found (name, task, labels, rows per split, size, source, folder) and the
     paper's sets that can be fetched."""
-    from sim.hub import HUB_SETS
-    from worker.data import DATASETS_ENV, dataset_dirs, packed_folders, user_datasets_dir
-    from worker.data.pack import describe
+    from fedprompt.sim.hub import HUB_SETS
+    from fedprompt.worker.data import DATASETS_ENV, dataset_dirs, packed_folders, user_datasets_dir
+    from fedprompt.worker.data.pack import describe
 
     dirs = dataset_dirs()
     found = [describe(folder) for folder in packed_folders(dirs).values()]
@@ -131,9 +130,9 @@ def import_command(
 ) -> None:
     """Pack a CSV / TSV / JSONL file (and optionally its test file) as a data set: meta.json with the
     label names, splits and checksums, train.jsonl.gz and test.jsonl.gz."""
-    from worker.data import DataError, DataSource, load_source, parse_labels, user_datasets_dir
-    from worker.data.pack import write_packed
-    from worker.data.source import hold_out, table_name
+    from fedprompt.worker.data import DataError, DataSource, load_source, parse_labels, user_datasets_dir
+    from fedprompt.worker.data.pack import write_packed
+    from fedprompt.worker.data.source import hold_out, table_name
 
     chosen = name or table_name(file)
     if not NAME.fullmatch(chosen):
@@ -187,8 +186,8 @@ def fetch_command(
 ) -> None:
     """Download one of the paper's data sets from the Hugging Face hub (needs the `datasets` library and a
     network) and pack it, with checksums in meta.json."""
-    from sim.hub import FetchError, fetch
-    from worker.data import DataError, user_datasets_dir
+    from fedprompt.sim.hub import FetchError, fetch
+    from fedprompt.worker.data import DataError, user_datasets_dir
 
     root = dest or user_datasets_dir()
     try:

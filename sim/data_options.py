@@ -33,7 +33,7 @@ class Dataset:
 
 def data_source(opts: Any) -> Any:
     """The worker's DataSource for simulate's (or train-local's) data options."""
-    from worker.data import DataSource, parse_labels
+    from fedprompt.worker.data import DataSource, parse_labels
 
     return DataSource(
         data=str(opts.dataset),
@@ -48,9 +48,9 @@ def data_source(opts: Any) -> Any:
 def resolve_data(opts: Any, out: Path) -> Dataset:
     """The simulation's data set, template and label words, or a DataError / LabelWordError that says
     what is wrong in one line. A file is packed into <out>/data/<name> only once everything is checked."""
-    from worker.data import choose_prompt, load_splits, resolve_dataset
-    from worker.data.pack import write_packed
-    from worker.data.verbalizer import load_tokenizer
+    from fedprompt.worker.data import choose_prompt, load_splits, resolve_dataset
+    from fedprompt.worker.data.pack import write_packed
+    from fedprompt.worker.data.verbalizer import load_tokenizer
 
     src = data_source(opts)
     splits = None
@@ -91,7 +91,7 @@ def resolve_data(opts: Any, out: Path) -> Dataset:
 
 def shard_lines(dataset: Dataset, opts: Any, seed: int | None = None) -> list[str]:
     """What each client gets, one line each: train and eval examples and the train label mix."""
-    from worker.shards import ShardSpec, shard_summary
+    from fedprompt.worker.shards import ShardSpec, shard_summary
 
     summary = shard_summary(
         ShardSpec(

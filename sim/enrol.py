@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from shared.client import ApiError, CoordinatorClient
-from sim.supervisor import SimulationError
+from fedprompt.shared.client import ApiError, CoordinatorClient
+from fedprompt.sim.supervisor import SimulationError
 
 
 def enrol_in_order(
@@ -15,8 +15,8 @@ def enrol_in_order(
     """Enrol client-0 … client-(K-1) in that order, each into its worker's state folder, before any
     worker starts: client ids, and so the seeded selection of a round, follow the worker index instead
     of which process happened to enrol first. A worker that finds its credentials does not enrol."""
-    from worker.shards import ShardSpec, shard_sizes
-    from worker.state import Credentials, StateDir
+    from fedprompt.worker.shards import ShardSpec, shard_sizes
+    from fedprompt.worker.state import Credentials, StateDir
 
     clients = int(setup["clients"])
     missing = [i for i in range(clients) if StateDir(workers / str(i)).load_credentials(fid) is None]

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.data import DataError, Example, TextDataset
-from worker.data.pack import write_packed
+from fedprompt.worker.data import DataError, Example, TextDataset
+from fedprompt.worker.data.pack import write_packed
 
 OFFLINE_VALUES = {"1", "on", "yes", "true"}
 

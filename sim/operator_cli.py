@@ -13,10 +13,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
-
-from shared.client import ApiError, CoordinatorClient
-from sim.operator_views import (
+from fedprompt.shared.client import ApiError, CoordinatorClient
+from fedprompt.sim.operator_views import (
     console,
     deadline_text,
     err,
@@ -28,6 +26,7 @@ from sim.operator_views import (
     status_table,
     upload_counts,
 )
+from rich.table import Table
 
 app = typer.Typer(help="fedprompt: operate federated prompt tuning.", no_args_is_help=True)
 federation_app = typer.Typer(help="Create and inspect federations.", no_args_is_help=True)
@@ -345,7 +344,7 @@ def prompt_get(
     as_json: JsonOpt = False,
 ) -> None:
     """Download a global prompt version as safetensors."""
-    from shared import wire
+    from fedprompt.shared import wire
 
     with _client(url, token) as c:
         prompt = _run(c.prompt, federation, version)
@@ -374,7 +373,7 @@ def export_prompt(
     as_json: JsonOpt = False,
 ) -> None:
     """Write a global prompt as a PEFT adapter folder (PeftModel.from_pretrained(base, OUT) loads it)."""
-    from shared.export import ExportError, unpack
+    from fedprompt.shared.export import ExportError, unpack
 
     with _client(url, token) as c:
         archive = _run(c.export, federation, version, fmt)
@@ -404,7 +403,7 @@ def comm_table_command(
 ) -> None:
     """Parameters communicated per round per method vs. full fine-tuning, counted from configs (no weights)."""
     try:
-        from worker.engine.params import TABLE_MODELS, comm_table, markdown
+        from fedprompt.worker.engine.params import TABLE_MODELS, comm_table, markdown
     except ImportError:
         err.print(
             "[red]error:[/] comm-table needs the worker extra (torch, transformers): pip install 'fedprompt[worker]'"
@@ -422,18 +421,18 @@ def _register_simulate() -> None:
 
     if importlib.util.find_spec("torch") is None:  # a coordinator-only install has no worker extra
         return
-    from sim.simulate import simulate_command
+    from fedprompt.sim.simulate import simulate_command
 
     app.command(
         "simulate", help="Run a whole federation on this machine (coordinator + K worker processes)."
     )(simulate_command)
-    from sim.experiments.cli import app as experiment_app
+    from fedprompt.sim.experiments.cli import app as experiment_app
 
     app.add_typer(experiment_app, name="experiment")
 
 
 def _register_data() -> None:
-    from sim.data_cli import data_app
+    from fedprompt.sim.data_cli import data_app
 
     app.add_typer(data_app, name="data")
 

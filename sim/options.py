@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.methods import METHODS
-from shared.spec import FederationSpec, check_precision, default_lr
-from sim.data_options import Dataset, resolve_data
+from fedprompt.shared.methods import METHODS
+from fedprompt.shared.spec import FederationSpec, check_precision, default_lr
+from fedprompt.sim.data_options import Dataset, resolve_data
 
 __all__ = ["Dataset", "SimulateOptions", "federation_spec", "validate"]
 
@@ -98,9 +98,8 @@ def parse_aggregation(text: str) -> dict[str, Any]:
 def parse_server_optimizer(text: str) -> dict[str, Any] | None:
     """'fedadam:lr=0.1,beta1=0.9' → {"name": "fedadam", "lr": 0.1, "beta1": 0.9}; 'fedavg' → None (plain
     FedAvg), validated by the spec's ServerOptimizerSpec."""
+    from fedprompt.shared.spec import ServerOptimizerSpec
     from pydantic import ValidationError
-
-    from shared.spec import ServerOptimizerSpec
 
     parsed = parse_aggregation(text.replace("--aggregation", "--server-optimizer"))
     if parsed["name"] == "fedavg" and not parsed["params"]:
@@ -117,9 +116,8 @@ def privacy_spec(
     mechanism: str, epsilon: float | None, clip: float | None, delta: float | None
 ) -> dict[str, Any] | None:
     """The federation's privacy block from the --ldp-* options (None: LDP off), validated by PrivacySpec."""
+    from fedprompt.shared.spec import PrivacySpec
     from pydantic import ValidationError
-
-    from shared.spec import PrivacySpec
 
     if epsilon is None and clip is None:
         if delta is not None or mechanism != "laplace":
@@ -137,8 +135,8 @@ def privacy_spec(
 
 def check_attack_options(opts: SimulateOptions) -> None:
     """Refuse bad backdoor, privacy and aggregation options."""
-    from coordinator.logic.aggregation import check_params
-    from worker.poison import parse_attack, parse_trigger
+    from fedprompt.coordinator.logic.aggregation import check_params
+    from fedprompt.worker.poison import parse_attack, parse_trigger
 
     if not 0 <= opts.malicious <= opts.clients:
         raise ValueError(
@@ -168,7 +166,7 @@ def check_attack_options(opts: SimulateOptions) -> None:
 
 def check_data_options(opts: SimulateOptions) -> None:
     """Refuse a bad partition or fraction (the verbalizer is checked with the data: sim/data_options.py)."""
-    from worker.data import parse_partition
+    from fedprompt.worker.data import parse_partition
 
     parse_partition(opts.partition)
     if not 0 < opts.fraction <= 1:
@@ -263,9 +261,8 @@ def model_facts(
 ) -> tuple[int, str, bytes | None, dict[str, Any]]:
     """(hidden size, fingerprint, initial prompt (vocabulary or label words), spec fields of the model)
     from the local model."""
+    from fedprompt.worker.engine import PromptEngine
     from transformers.utils import logging as hf_logging
-
-    from worker.engine import PromptEngine
 
     hf_logging.disable_progress_bar()
     engine = PromptEngine.load(

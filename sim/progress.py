@@ -5,12 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from fedprompt.shared.client import CoordinatorClient
+from fedprompt.sim.results import round_records
+from fedprompt.sim.supervisor import Processes
+from fedprompt.sim.tables import console, has_asr, row_table
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-from shared.client import CoordinatorClient
-from sim.results import round_records
-from sim.supervisor import Processes
-from sim.tables import console, has_asr, row_table
 
 # How long a closed round's row waits for every active client's evaluation before it is printed anyway.
 EVAL_GRACE_S = 300.0

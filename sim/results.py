@@ -12,11 +12,16 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from coordinator.logic.ledger import ledger
-from shared.local import cpu_model
-from shared.privacy import SENSITIVITY_FACTOR, gaussian_noise_multiplier, gaussian_std, laplace_scale
-from shared.spec import FederationSpec
-from sim.plots import plot_accuracy, plot_asr
+from fedprompt.coordinator.logic.ledger import ledger
+from fedprompt.shared.local import cpu_model
+from fedprompt.shared.privacy import (
+    SENSITIVITY_FACTOR,
+    gaussian_noise_multiplier,
+    gaussian_std,
+    laplace_scale,
+)
+from fedprompt.shared.spec import FederationSpec
+from fedprompt.sim.plots import plot_accuracy, plot_asr
 
 # What a run without a backdoor (and without --measure-asr) leaves out: round fields, then run fields.
 ASR_ROUND_FIELDS = ("asr", "local_asr", "local_asr_clients", "local_accuracy", "local_accuracy_clients")

@@ -23,22 +23,20 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
-
-from shared.client import CoordinatorClient
-from shared.local import free_port, wait_ready
-from shared.privacy import client_noise_seed
-from shared.spec import DEFAULT_MODEL, PRECISION_HELP, FederationSpec
-from sim.argv import WorkerPool
-from sim.baseline import run_baseline
-from sim.data_options import print_data
-from sim.enrol import enrol_in_order
-from sim.options import Dataset, SimulateOptions, federation_spec, validate
-from sim.progress import follow
-from sim.results import run_facts, write_results
-from sim.supervisor import Processes, SimulationError, bin_path
-from sim.tables import console, print_summary
-from worker.data.help import (
+from fedprompt.shared.client import CoordinatorClient
+from fedprompt.shared.local import free_port, wait_ready
+from fedprompt.shared.privacy import client_noise_seed
+from fedprompt.shared.spec import DEFAULT_MODEL, PRECISION_HELP, FederationSpec
+from fedprompt.sim.argv import WorkerPool
+from fedprompt.sim.baseline import run_baseline
+from fedprompt.sim.data_options import print_data
+from fedprompt.sim.enrol import enrol_in_order
+from fedprompt.sim.options import Dataset, SimulateOptions, federation_spec, validate
+from fedprompt.sim.progress import follow
+from fedprompt.sim.results import run_facts, write_results
+from fedprompt.sim.supervisor import Processes, SimulationError, bin_path
+from fedprompt.sim.tables import console, print_summary
+from fedprompt.worker.data.help import (
     DATA_HELP,
     LABEL_COLUMN_HELP,
     LABELS_HELP,
@@ -48,8 +46,9 @@ from worker.data.help import (
     TEXT_COLUMN_HELP,
     VERBALIZER_HELP,
 )
-from worker.poison import TRIGGER_POSITION_HELP
-from worker.pool import BackdoorEntry, ClientEntry, PoolConfig
+from fedprompt.worker.poison import TRIGGER_POSITION_HELP
+from fedprompt.worker.pool import BackdoorEntry, ClientEntry, PoolConfig
+from rich.markup import escape
 
 
 def simulate_command(

@@ -13,10 +13,9 @@ from typing import Any
 
 import httpx
 import numpy as np
-
-from shared import wire
-from shared.local import free_port, wait_ready
-from shared.spec import FederationSpec
+from fedprompt.shared import wire
+from fedprompt.shared.local import free_port, wait_ready
+from fedprompt.shared.spec import FederationSpec
 
 ADMIN = "test-admin-token-0123456789abcdef"
 SMALL_SPEC: dict[str, Any] = {

@@ -8,9 +8,8 @@ import random
 from typing import Any
 
 import numpy as np
-
-from shared.secagg import client as stages
-from shared.secagg.protocol import RoundSecrets
+from fedprompt.shared.secagg import client as stages
+from fedprompt.shared.secagg.protocol import RoundSecrets
 
 API = "/api/v1/federations"
 

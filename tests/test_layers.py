@@ -26,7 +26,7 @@ FORBIDDEN: dict[str, frozenset[str]] = {
 
 
 def imported_modules(path: Path, module: str) -> Iterator[tuple[int, str]]:
-    """(line, absolute module name) of every import in the file of `module` (e.g. 'coordinator.api.deps')."""
+    """(line, absolute module name) of every import in the file of `module` (e.g. 'fedprompt.coordinator.api.deps')."""
     tree = ast.parse(path.read_text(), filename=str(path))
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     for node in ast.walk(tree):
@@ -55,9 +55,10 @@ def violations(root: Path) -> list[str]:
     found = []
     for package in PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
-            module = ".".join(path.relative_to(root).with_suffix("").parts)
+            module = ".".join(("fedprompt", *path.relative_to(root).with_suffix("").parts))
             for line, name in imported_modules(path, module):
-                if name.split(".")[0] in FORBIDDEN[package]:
+                parts = name.split(".")
+                if parts[0] == "fedprompt" and len(parts) > 1 and parts[1] in FORBIDDEN[package]:
                     found.append(f"{path.relative_to(root)}:{line} imports {name}")
     return found
 
@@ -74,13 +75,13 @@ def test_every_package_is_read() -> None:
 @pytest.mark.parametrize(
     ("file", "source"),
     [
-        ("coordinator/service.py", "from worker.engine import PromptEngine\n"),
-        ("coordinator/api/routes.py", "def f():\n    import worker.cli\n"),
-        ("coordinator/logic/x.py", "from sim import simulate\n"),
-        ("worker/agent.py", "def f():\n    from coordinator.logic.ledger import ledger\n"),
-        ("worker/engine/x.py", "import importlib\nimportlib.import_module('coordinator.db')\n"),
-        ("shared/wire.py", "from worker import poison\n"),
-        ("shared/spec.py", "from sim.options import build_spec\n"),
+        ("coordinator/service.py", "from fedprompt.worker.engine import PromptEngine\n"),
+        ("coordinator/api/routes.py", "def f():\n    import fedprompt.worker.cli\n"),
+        ("coordinator/logic/x.py", "from fedprompt.sim import simulate\n"),
+        ("worker/agent.py", "def f():\n    from fedprompt.coordinator.logic.ledger import ledger\n"),
+        ("worker/engine/x.py", "import importlib\nimportlib.import_module('fedprompt.coordinator.db')\n"),
+        ("shared/wire.py", "from fedprompt.worker import poison\n"),
+        ("shared/spec.py", "from fedprompt.sim.options import build_spec\n"),
     ],
 )
 def test_a_crossing_import_is_found(tmp_path: Path, file: str, source: str) -> None:
@@ -89,6 +90,6 @@ def test_a_crossing_import_is_found(tmp_path: Path, file: str, source: str) -> N
         (tmp_path / package / "__init__.py").write_text("")
     (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / file).write_text(source)
-    allowed = "from coordinator import db\nfrom worker import cli\nfrom shared import wire\n"
+    allowed = "from fedprompt.coordinator import db\nfrom fedprompt.worker import cli\nfrom fedprompt.shared import wire\n"
     (tmp_path / "sim" / "cli.py").write_text(allowed)  # sim stands on all three
     assert len(violations(tmp_path)) == 1, violations(tmp_path)

@@ -20,20 +20,19 @@ from typing import Any, TypeVar
 
 import httpx
 import structlog
-
-from shared import wire
-from shared.client import ApiError, CoordinatorClient
-from shared.secagg.protocol import flatten
-from shared.spec import FederationSpec, client_steps
-from worker.data import Example
-from worker.joining import FatalWorkerError, check_model, join, state_model_parameters
-from worker.poison import Backdoor
-from worker.protocol import Engine, EngineFactory
-from worker.release import evaluation_report, release
-from worker.retry import Stopped, with_retries
-from worker.secagg import SecureStages
-from worker.slots import ElasticThreads, training_slot
-from worker.state import StateDir
+from fedprompt.shared import wire
+from fedprompt.shared.client import ApiError, CoordinatorClient
+from fedprompt.shared.secagg.protocol import flatten
+from fedprompt.shared.spec import FederationSpec, client_steps
+from fedprompt.worker.data import Example
+from fedprompt.worker.joining import FatalWorkerError, check_model, join, state_model_parameters
+from fedprompt.worker.poison import Backdoor
+from fedprompt.worker.protocol import Engine, EngineFactory
+from fedprompt.worker.release import evaluation_report, release
+from fedprompt.worker.retry import Stopped, with_retries
+from fedprompt.worker.secagg import SecureStages
+from fedprompt.worker.slots import ElasticThreads, training_slot
+from fedprompt.worker.state import StateDir
 
 log = logging.getLogger("fedprompt.worker")
 T = TypeVar("T")
@@ -417,7 +416,7 @@ def _round_seed(seed: int, number: int, client_id: int) -> int:
 
 def load_engine(spec: FederationSpec, device: str) -> Engine:
     """The real engine for a federation spec."""
-    from worker.engine import PromptEngine
+    from fedprompt.worker.engine import PromptEngine
 
     return PromptEngine.from_spec(spec, device=device)
 

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Response
+from fedprompt.worker.pool import Pool
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -16,8 +17,6 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-
-from worker.pool import Pool
 
 log = logging.getLogger("fedprompt.worker")
 

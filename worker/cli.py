@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from shared.logs import LogFormatOption
-from worker.data.help import (
+from fedprompt.shared.logs import LogFormatOption
+from fedprompt.worker.data.help import (
     DATA_HELP,
     LABEL_COLUMN_HELP,
     LABELS_HELP,
@@ -18,8 +17,8 @@ from worker.data.help import (
     TEXT_B_COLUMN_HELP,
     TEXT_COLUMN_HELP,
 )
-from worker.poison import TRIGGER_POSITION_HELP
-from worker.reach import DEFAULT_GIVE_UP_AFTER
+from fedprompt.worker.poison import TRIGGER_POSITION_HELP
+from fedprompt.worker.reach import DEFAULT_GIVE_UP_AFTER
 
 # Options both `serve` and `pool` take: the worker's own API and its logs.
 HostOption = Annotated[
@@ -129,7 +128,7 @@ def serve(
 ) -> None:
     """Enrol with the coordinator, then train and evaluate the global prompt on local data."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from shared.logs import configure_logging
+    from fedprompt.shared.logs import configure_logging
 
     client_name = name or f"{socket.gethostname()}-{partition_id}"
     try:
@@ -141,14 +140,13 @@ def serve(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     import uvicorn
-
-    from worker.agent import Agent, AgentConfig
-    from worker.app import WorkerMetrics, create_app
-    from worker.data import DataError, parse_labels
-    from worker.poison import backdoor_from_options
-    from worker.pool import Pool, SharedEngine
-    from worker.reach import Unreachable, wait_reachable
-    from worker.shards import ShardSpec, load_shard
+    from fedprompt.worker.agent import Agent, AgentConfig
+    from fedprompt.worker.app import WorkerMetrics, create_app
+    from fedprompt.worker.data import DataError, parse_labels
+    from fedprompt.worker.poison import backdoor_from_options
+    from fedprompt.worker.pool import Pool, SharedEngine
+    from fedprompt.worker.reach import Unreachable, wait_reachable
+    from fedprompt.worker.shards import ShardSpec, load_shard
 
     if enrollment_token_file is not None:
         try:
@@ -243,11 +241,10 @@ def pool(
 ) -> None:
     """Serve several clients from one process: one model in memory, one identity and shard per client."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from fedprompt.shared.logs import configure_logging
+    from fedprompt.worker.data import DataError
+    from fedprompt.worker.pool import PoolConfig, build_pool
     from pydantic import ValidationError
-
-    from shared.logs import configure_logging
-    from worker.data import DataError
-    from worker.pool import PoolConfig, build_pool
 
     try:
         configure_logging(log_level, log_format)
@@ -266,8 +263,7 @@ def pool(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     import uvicorn
-
-    from worker.app import WorkerMetrics, create_app
+    from fedprompt.worker.app import WorkerMetrics, create_app
 
     uvicorn.run(
         create_app(clients, WorkerMetrics()), host=host, port=port, log_level="warning", log_config=None
@@ -275,7 +271,7 @@ def pool(
 
 
 def _register() -> None:
-    from worker.train_local import train_local_command
+    from fedprompt.worker.train_local import train_local_command
 
     app.command("train-local", help="Centralised prompt tuning on a whole data set (the baseline).")(
         train_local_command

@@ -8,11 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-
-from shared.client import ApiError, CoordinatorClient
-from shared.spec import FederationSpec
-from worker.protocol import Engine
-from worker.state import Credentials, StateDir
+from fedprompt.shared.client import ApiError, CoordinatorClient
+from fedprompt.shared.spec import FederationSpec
+from fedprompt.worker.protocol import Engine
+from fedprompt.worker.state import Credentials, StateDir
 
 log = logging.getLogger("fedprompt.worker")
 

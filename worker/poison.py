@@ -13,8 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
-
-from worker.data import Example
+from fedprompt.worker.data import Example
 
 Position = Literal["random", "start", "end"]
 DEFAULT_TRIGGERS = ("cf", "mn", "bb", "tq")

@@ -20,17 +20,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fedprompt.shared.spec import FederationSpec
+from fedprompt.worker.agent import Agent, AgentConfig, load_engine
+from fedprompt.worker.data import DataError
+from fedprompt.worker.joining import FatalWorkerError
+from fedprompt.worker.poison import backdoor_from_options
+from fedprompt.worker.protocol import Engine, EngineFactory
+from fedprompt.worker.reach import backoff, describe, unreachable_message
+from fedprompt.worker.retry import is_transient
+from fedprompt.worker.shards import ShardSpec, load_shards
 from pydantic import BaseModel, ConfigDict, Field
-
-from shared.spec import FederationSpec
-from worker.agent import Agent, AgentConfig, load_engine
-from worker.data import DataError
-from worker.joining import FatalWorkerError
-from worker.poison import backdoor_from_options
-from worker.protocol import Engine, EngineFactory
-from worker.reach import backoff, describe, unreachable_message
-from worker.retry import is_transient
-from worker.shards import ShardSpec, load_shards
 
 log = logging.getLogger("fedprompt.worker")
 

@@ -7,8 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
-
-from shared.spec import FederationSpec
+from fedprompt.shared.spec import FederationSpec
 
 
 class TrainOutcome(Protocol):

@@ -7,11 +7,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-
-from shared.evalstats import confusion_metrics
-from shared.privacy import gaussian_ldp, gaussian_noise_multiplier, laplace_ldp, ldp_rng
-from shared.spec import PrivacySpec
-from worker.poison import Backdoor
+from fedprompt.shared.evalstats import confusion_metrics
+from fedprompt.shared.privacy import gaussian_ldp, gaussian_noise_multiplier, laplace_ldp, ldp_rng
+from fedprompt.shared.spec import PrivacySpec
+from fedprompt.worker.poison import Backdoor
 
 
 def evaluation_report(result: Any, asr: Any | None) -> dict[str, Any]:

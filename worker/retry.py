@@ -9,9 +9,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import httpx
+from fedprompt.shared.client import ApiError
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_never, wait_random_exponential
-
-from shared.client import ApiError
 
 log = logging.getLogger("fedprompt.worker")
 T = TypeVar("T")

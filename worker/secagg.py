@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from shared.secagg import client as stages
-from shared.secagg import shamir
-from shared.secagg.protocol import RoundSecrets
-from worker.state import _atomic_write
+from fedprompt.shared.secagg import client as stages
+from fedprompt.shared.secagg import shamir
+from fedprompt.shared.secagg.protocol import RoundSecrets
+from fedprompt.worker.state import _atomic_write
 
 
 class SecureStages:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from worker.data import DataError, DataSource, Example, TextDataset, iid, load_source, partition
+from fedprompt.worker.data import DataError, DataSource, Example, TextDataset, iid, load_source, partition
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
-
-from shared.evalstats import macro_f1
-from shared.spec import DEFAULT_MODEL, PRECISION_HELP, check_precision, default_lr
-from worker.data.help import (
+from fedprompt.shared.evalstats import macro_f1
+from fedprompt.shared.spec import DEFAULT_MODEL, PRECISION_HELP, check_precision, default_lr
+from fedprompt.worker.data.help import (
     DATA_HELP,
     LABEL_COLUMN_HELP,
     LABELS_HELP,
@@ -31,8 +30,8 @@ from worker.data.help import (
 
 def parse_verbalizer(text: str) -> list[list[str]]:
     """Parse 'terrible;great' or 'bad,terrible;good,great' (labels by ';', words by ',') or a JSON list of lists."""
-    from worker.data import DataError
-    from worker.data.verbalizer import parse_verbalizer as parse
+    from fedprompt.worker.data import DataError
+    from fedprompt.worker.data.verbalizer import parse_verbalizer as parse
 
     try:
         return parse(text)
@@ -125,13 +124,12 @@ def train_local_command(
 
     Ctrl-C or SIGTERM stops it at once; what was measured until then is written to --out."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from fedprompt.worker.data import DataError, DataSource, choose_prompt, load_splits, parse_labels
+    from fedprompt.worker.data.verbalizer import load_tokenizer
+    from fedprompt.worker.engine import PromptEngine
     from rich.console import Console
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from worker.data import DataError, DataSource, choose_prompt, load_splits, parse_labels
-    from worker.data.verbalizer import load_tokenizer
-    from worker.engine import PromptEngine
 
     console = Console(width=None if sys.stdout.isatty() else 160)
     tty = sys.stdout.isatty()

@@ -14,13 +14,12 @@ from enum import StrEnum
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-
-from coordinator.api.ratelimit_dep import WrongAdminToken, counting_failures
-from coordinator.api.session import check_csrf, has_session, uses_session
-from coordinator.config import Settings
-from coordinator.db import Client
-from coordinator.errors import Unauthorized
-from coordinator.service import Coordinator
+from fedprompt.coordinator.api.ratelimit_dep import WrongAdminToken, counting_failures
+from fedprompt.coordinator.api.session import check_csrf, has_session, uses_session
+from fedprompt.coordinator.config import Settings
+from fedprompt.coordinator.db import Client
+from fedprompt.coordinator.errors import Unauthorized
+from fedprompt.coordinator.service import Coordinator
 
 
 def bearer_token(request: Request) -> str:

@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import Request
-
-from coordinator.errors import Invalid, TooLarge
-from coordinator.inflight import Ticket
+from fedprompt.coordinator.errors import Invalid, TooLarge
+from fedprompt.coordinator.inflight import Ticket
 
 # The OpenAPI of routes that read a raw safetensors body themselves (read_limited_body).
 SAFETENSORS_BODY: dict[str, Any] = {

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import anyio
 from fastapi import HTTPException
+from fedprompt.coordinator.api.paths import UPLOAD_PATHS
+from fedprompt.coordinator.inflight import Ticket, UploadGate
+from fedprompt.coordinator.ratelimit import RateLimited
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from coordinator.api.paths import UPLOAD_PATHS
-from coordinator.inflight import Ticket, UploadGate
-from coordinator.ratelimit import RateLimited
 
 
 def _too_large(size: int | None, limit: int, upload: bool) -> str:

@@ -14,8 +14,7 @@ from typing import Annotated
 import anyio
 from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
-
-from coordinator.api.auth import (
+from fedprompt.coordinator.api.auth import (
     Credentials,
     Scope,
     admin_scheme,
@@ -25,14 +24,14 @@ from coordinator.api.auth import (
     client_scheme,
     enrolment_scheme,
 )
-from coordinator.api.longpoll import TaskPoll
-from coordinator.api.ratelimit_dep import client_ip, counting_failures, get_rate_limiter
-from coordinator.api.schemas import IdPath
-from coordinator.api.session import uses_session
-from coordinator.config import Settings
-from coordinator.db import Client
-from coordinator.metrics import CoordinatorMetrics
-from coordinator.service import Coordinator
+from fedprompt.coordinator.api.longpoll import TaskPoll
+from fedprompt.coordinator.api.ratelimit_dep import client_ip, counting_failures, get_rate_limiter
+from fedprompt.coordinator.api.schemas import IdPath
+from fedprompt.coordinator.api.session import uses_session
+from fedprompt.coordinator.config import Settings
+from fedprompt.coordinator.db import Client
+from fedprompt.coordinator.metrics import CoordinatorMetrics
+from fedprompt.coordinator.service import Coordinator
 
 # Dependencies that do no I/O are `async def`: FastAPI runs a plain `def` dependency in the request
 # thread pool, one hop (and a queue behind every busy thread) per dependency per request.

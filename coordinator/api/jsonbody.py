@@ -17,8 +17,7 @@ from typing import Any
 
 from fastapi import HTTPException, Request, Response
 from fastapi.routing import APIRoute
-
-from shared import jsonlimits
+from fedprompt.shared import jsonlimits
 
 
 class BoundedJSONRequest(Request):

@@ -17,11 +17,10 @@ from collections import Counter
 from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
-
-from coordinator.api.perloop import PerLoop
-from coordinator.db import Client
-from coordinator.service import Coordinator
-from coordinator.store import Stamp
+from fedprompt.coordinator.api.perloop import PerLoop
+from fedprompt.coordinator.db import Client
+from fedprompt.coordinator.service import Coordinator
+from fedprompt.coordinator.store import Stamp
 
 log = logging.getLogger("fedprompt.coordinator")
 

@@ -7,9 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from fastapi import Request
-
-from coordinator.errors import Forbidden, Unauthorized
-from coordinator.ratelimit import RateLimiter
+from fedprompt.coordinator.errors import Forbidden, Unauthorized
+from fedprompt.coordinator.ratelimit import RateLimiter
 
 
 class WrongAdminToken(Forbidden):

@@ -12,12 +12,11 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import Body, Path
+from fedprompt.coordinator.db import MAX_ID
+from fedprompt.coordinator.logic.specs import validate_spec
+from fedprompt.coordinator.logic.uploads import UploadReceipt
+from fedprompt.shared.spec import NAME_PATTERN, FederationSpec
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
-
-from coordinator.db import MAX_ID
-from coordinator.logic.specs import validate_spec
-from coordinator.logic.uploads import UploadReceipt
-from shared.spec import NAME_PATTERN, FederationSpec
 
 __all__ = ["UploadReceipt"]  # an upload's answer: defined once, with the upload's checks
 

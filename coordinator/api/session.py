@@ -17,10 +17,9 @@ import secrets
 import time
 
 from fastapi import Request
-
-from coordinator.config import Settings
-from coordinator.errors import Forbidden
-from coordinator.service import Coordinator
+from fedprompt.coordinator.config import Settings
+from fedprompt.coordinator.errors import Forbidden
+from fedprompt.coordinator.service import Coordinator
 
 SESSION_COOKIE = "fedprompt_session"
 SESSION_TTL_S = 12 * 3600

@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from fastapi.templating import Jinja2Templates
-
-from coordinator.dashboard.view import federation_detail, federation_row, pick_federation
-from coordinator.service import Coordinator
+from fedprompt.coordinator.dashboard.view import federation_detail, federation_row, pick_federation
+from fedprompt.coordinator.service import Coordinator
 
 HERE = Path(__file__).resolve().parent
 TEMPLATES_DIR = HERE / "templates"

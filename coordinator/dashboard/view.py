@@ -8,9 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from fedprompt.shared.spec import FederationSpec
 from pydantic import ValidationError
-
-from shared.spec import FederationSpec
 
 FLOAT32_BYTES = 4
 

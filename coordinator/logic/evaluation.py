@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from shared import evalstats
+from fedprompt.shared import evalstats
 
 
 def evaluation_due(version: int, *, eval_every: int, rounds: int) -> bool:

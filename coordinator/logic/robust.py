@@ -9,8 +9,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
-from coordinator.logic.aggregation import (
+from fedprompt.coordinator.logic.aggregation import (
     AggregationError,
     AggregationResult,
     Tensors,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shared.privacy import gaussian_noise_multiplier, spent_epsilon
-from shared.spec import PrivacySpec
+from fedprompt.shared.privacy import gaussian_noise_multiplier, spent_epsilon
+from fedprompt.shared.spec import PrivacySpec
 
 
 def round_stats(

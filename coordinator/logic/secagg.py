@@ -23,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.errors import Invalid
-from shared.secagg import graph, protocol, quantise, shamir, shares
-from shared.spec import FederationSpec, SecureAggregationSpec
+from fedprompt.coordinator.errors import Invalid
+from fedprompt.shared.secagg import graph, protocol, quantise, shamir, shares
+from fedprompt.shared.spec import FederationSpec, SecureAggregationSpec
 
 STAGES = ("keys", "shares", "masked", "unmask")
 NEXT = {"keys": "shares", "shares": "masked", "masked": "unmask"}

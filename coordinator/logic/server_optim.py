@@ -30,10 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from fedprompt.coordinator.logic.aggregation import AggregationError
 from safetensors.numpy import load as _st_load
 from safetensors.numpy import save as _st_save
-
-from coordinator.logic.aggregation import AggregationError
 
 Tensors = Mapping[str, np.ndarray]
 State = Mapping[str, np.ndarray]

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedprompt.coordinator.errors import Invalid
+from fedprompt.coordinator.logic.aggregation import AggregationError, check_params
+from fedprompt.shared.spec import FederationSpec
 from pydantic import ValidationError
-
-from coordinator.errors import Invalid
-from coordinator.logic.aggregation import AggregationError, check_params
-from shared.spec import FederationSpec
 
 
 def validate_spec(payload: Any) -> FederationSpec:

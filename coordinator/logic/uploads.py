@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
-from coordinator.db import MAX_ID
-from coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound
-from shared import jsonlimits, wire
-from shared.spec import FederationSpec
+from fedprompt.coordinator.db import MAX_ID
+from fedprompt.coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound
+from fedprompt.shared import jsonlimits, wire
+from fedprompt.shared.spec import FederationSpec
 
 
 @dataclass(frozen=True)

@@ -6,14 +6,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from fedprompt.coordinator.db import Client, EnrollmentToken, Federation, RevokedSession
+from fedprompt.coordinator.errors import Conflict, Forbidden, NotFound, Unauthorized
+from fedprompt.coordinator.security import hash_token, new_token
+from fedprompt.coordinator.store import Store
+from fedprompt.coordinator.usecases.rounds import RoundCycle
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
-
-from coordinator.db import Client, EnrollmentToken, Federation, RevokedSession
-from coordinator.errors import Conflict, Forbidden, NotFound, Unauthorized
-from coordinator.security import hash_token, new_token
-from coordinator.store import Store
-from coordinator.usecases.rounds import RoundCycle
 
 # Past this many cached tokens the authentication cache starts afresh (it holds one entry per client).
 AUTH_CACHE_MAX_ENTRIES = 100_000

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedprompt.coordinator.db import Federation, PromptVersion
+from fedprompt.coordinator.errors import Conflict, Invalid
+from fedprompt.coordinator.logic.specs import check_aggregation, validate_spec
+from fedprompt.coordinator.store import Store
+from fedprompt.coordinator.usecases.reads import Reads
+from fedprompt.coordinator.usecases.rounds import RoundCycle
+from fedprompt.shared import export, wire
+from fedprompt.shared.spec import FederationSpec, initial_prompt
 from sqlalchemy import select
-
-from coordinator.db import Federation, PromptVersion
-from coordinator.errors import Conflict, Invalid
-from coordinator.logic.specs import check_aggregation, validate_spec
-from coordinator.store import Store
-from coordinator.usecases.reads import Reads
-from coordinator.usecases.rounds import RoundCycle
-from shared import export, wire
-from shared.spec import FederationSpec, initial_prompt
 
 
 class Federations:

@@ -5,17 +5,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedprompt.coordinator.db import (
+    Client,
+    Evaluation,
+    Event,
+    Federation,
+    Participant,
+    Round,
+    SecaggRound,
+    Update,
+)
+from fedprompt.coordinator.errors import NotFound
+from fedprompt.coordinator.logic import secagg as secagg_rules
+from fedprompt.coordinator.logic.evaluation import summarize_evaluations
+from fedprompt.coordinator.logic.ledger import ledger
+from fedprompt.coordinator.logic.roundstats import privacy_record
+from fedprompt.coordinator.store import Store
+from fedprompt.shared.spec import PrivacySpec
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
-
-from coordinator.db import Client, Evaluation, Event, Federation, Participant, Round, SecaggRound, Update
-from coordinator.errors import NotFound
-from coordinator.logic import secagg as secagg_rules
-from coordinator.logic.evaluation import summarize_evaluations
-from coordinator.logic.ledger import ledger
-from coordinator.logic.roundstats import privacy_record
-from coordinator.store import Store
-from shared.spec import PrivacySpec
 
 
 class Reads:

@@ -11,21 +11,33 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from fedprompt.coordinator.db import (
+    Client,
+    Federation,
+    Participant,
+    PromptVersion,
+    Round,
+    ServerOptimizerState,
+    Update,
+)
+from fedprompt.coordinator.errors import Conflict
+from fedprompt.coordinator.logic import server_optim
+from fedprompt.coordinator.logic.aggregation import (
+    AggregationError,
+    AggregationResult,
+    aggregate,
+    fedavg_stream,
+)
+from fedprompt.coordinator.logic.roundstats import round_stats
+from fedprompt.coordinator.logic.selection import select_clients
+from fedprompt.coordinator.logic.uploads import declared_samples
+from fedprompt.coordinator.store import Store
+from fedprompt.coordinator.usecases.reads import Reads, privacy_of
+from fedprompt.coordinator.usecases.secagg import SecureRounds
+from fedprompt.shared import wire
+from fedprompt.shared.spec import FederationSpec, ServerOptimizerSpec
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, defer
-
-from coordinator.db import Client, Federation, Participant, PromptVersion, Round, ServerOptimizerState, Update
-from coordinator.errors import Conflict
-from coordinator.logic import server_optim
-from coordinator.logic.aggregation import AggregationError, AggregationResult, aggregate, fedavg_stream
-from coordinator.logic.roundstats import round_stats
-from coordinator.logic.selection import select_clients
-from coordinator.logic.uploads import declared_samples
-from coordinator.store import Store
-from coordinator.usecases.reads import Reads, privacy_of
-from coordinator.usecases.secagg import SecureRounds
-from shared import wire
-from shared.spec import FederationSpec, ServerOptimizerSpec
 
 
 class RoundCycle:

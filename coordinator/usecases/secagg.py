@@ -16,19 +16,26 @@ import threading
 from typing import Any
 
 import numpy as np
+from fedprompt.coordinator.db import (
+    Client,
+    Federation,
+    Participant,
+    Round,
+    SecaggMessage,
+    SecaggRound,
+    Update,
+)
+from fedprompt.coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound
+from fedprompt.coordinator.logic import secagg as rules
+from fedprompt.coordinator.logic.aggregation import AggregationError
+from fedprompt.coordinator.logic.uploads import UploadResult
+from fedprompt.coordinator.store import Store
+from fedprompt.coordinator.usecases import secagg_messages as msgs
+from fedprompt.shared import wire
+from fedprompt.shared.secagg import protocol, quantise, shamir
+from fedprompt.shared.spec import FederationSpec
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-
-from coordinator.db import Client, Federation, Participant, Round, SecaggMessage, SecaggRound, Update
-from coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound
-from coordinator.logic import secagg as rules
-from coordinator.logic.aggregation import AggregationError
-from coordinator.logic.uploads import UploadResult
-from coordinator.store import Store
-from coordinator.usecases import secagg_messages as msgs
-from shared import wire
-from shared.secagg import protocol, quantise, shamir
-from shared.spec import FederationSpec
 
 PLAN_CACHE_ENTRIES = 64
 

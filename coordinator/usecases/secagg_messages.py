@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 
+from fedprompt.coordinator.db import SecaggMessage, SecaggRound, Update
+from fedprompt.coordinator.logic import secagg as rules
+from fedprompt.shared.secagg import protocol
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
-
-from coordinator.db import SecaggMessage, SecaggRound, Update
-from coordinator.logic import secagg as rules
-from shared.secagg import protocol
 
 
 def stage_before(stage: str) -> str:

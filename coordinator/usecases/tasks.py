@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedprompt.coordinator.db import Client, Evaluation, Participant, PromptVersion, Round, Update
+from fedprompt.coordinator.logic.evaluation import evaluation_due
+from fedprompt.coordinator.store import Store
+from fedprompt.coordinator.usecases.secagg import SecureRounds
+from fedprompt.shared.spec import FederationSpec
 from sqlalchemy import and_, select, update
 from sqlalchemy.orm import Session
-
-from coordinator.db import Client, Evaluation, Participant, PromptVersion, Round, Update
-from coordinator.logic.evaluation import evaluation_due
-from coordinator.store import Store
-from coordinator.usecases.secagg import SecureRounds
-from shared.spec import FederationSpec
 
 
 class Tasks:

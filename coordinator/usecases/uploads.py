@@ -14,14 +14,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import insert, select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import defer
-
-from coordinator.db import Client, Evaluation, Federation, Participant, Round, Update
-from coordinator.errors import Forbidden, Invalid, NotFound, ServiceError
-from coordinator.groupcommit import GroupCommit
-from coordinator.logic.uploads import (
+from fedprompt.coordinator.db import Client, Evaluation, Federation, Participant, Round, Update
+from fedprompt.coordinator.errors import Forbidden, Invalid, NotFound, ServiceError
+from fedprompt.coordinator.groupcommit import GroupCommit
+from fedprompt.coordinator.logic.uploads import (
     PendingUpload,
     Selection,
     StoredUpdate,
@@ -30,9 +26,12 @@ from coordinator.logic.uploads import (
     no_replacing,
     parse_update_metadata,
 )
-from coordinator.store import Store, no_federation
-from coordinator.usecases.secagg import SecureRounds
-from shared import wire
+from fedprompt.coordinator.store import Store, no_federation
+from fedprompt.coordinator.usecases.secagg import SecureRounds
+from fedprompt.shared import wire
+from sqlalchemy import insert, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import defer
 
 Outcome = UploadResult | ServiceError | IntegrityError
 

@@ -13,9 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-
-from shared.secagg import protocol, quantise, shamir
-from shared.secagg.protocol import PeerKeys, RoundSecrets
+from fedprompt.shared.secagg import protocol, quantise, shamir
+from fedprompt.shared.secagg.protocol import PeerKeys, RoundSecrets
 
 
 def context_of(federation_id: int, task: Mapping[str, Any]) -> bytes:

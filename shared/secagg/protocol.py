@@ -29,10 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from fedprompt.shared.secagg import masks, shamir, shares
 from safetensors.numpy import load as _st_load
 from safetensors.numpy import save as _st_save
-
-from shared.secagg import masks, shamir, shares
 
 MASKED_FORMAT = "fedprompt-secagg/1"
 MASKED_TENSOR = "masked"

@@ -14,9 +14,8 @@ import struct
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
-from shared.secagg.masks import derive_key
-from shared.secagg.shamir import SHARE_BYTES, share_from_bytes, share_to_bytes
+from fedprompt.shared.secagg.masks import derive_key
+from fedprompt.shared.secagg.shamir import SHARE_BYTES, share_from_bytes, share_to_bytes
 
 NONCE_BYTES = 12
 _HEADER = struct.Struct(">II")

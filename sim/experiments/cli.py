@@ -41,8 +41,8 @@ def run_command(
     starting prompt: a grid run in parts on different machines resumes where the last `report` left
     it. A warm start committed by `report` (--figures/warm/) is used instead of training it again, so
     the remaining cells start from the prompt the committed ones did."""
-    from sim.experiments.config import ConfigError, expand, load_config
-    from sim.experiments.runner import (
+    from fedprompt.sim.experiments.config import ConfigError, expand, load_config
+    from fedprompt.sim.experiments.runner import (
         committed_cells,
         committed_match,
         is_complete,
@@ -113,8 +113,8 @@ def report_command(
 ) -> None:
     """Take the cells run here into the named experiments' summaries and figures, then write RESULTS.md
     whole from every config in experiments/ (tests/sim/test_results_render.py checks it)."""
-    from sim.experiments.config import ConfigError
-    from sim.experiments.report import report
+    from fedprompt.sim.experiments.config import ConfigError
+    from fedprompt.sim.experiments.report import report
 
     every = sorted(Path("experiments").glob("*.yaml"))
     paths = configs or every

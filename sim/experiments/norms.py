@@ -1,4 +1,4 @@
-"""`python -m sim.experiments.norms`: the norms of honest prompt updates, to set an LDP clipping bound from.
+"""`python -m fedprompt.sim.experiments.norms`: the norms of honest prompt updates, to set an LDP clipping bound from.
 
 An LDP grid's clipping bound should sit near the norm an honest client's update actually has: far
 above it, the noise (scaled to the bound) drowns an update that never needed clipping. This trains
@@ -35,10 +35,10 @@ def main(
     repeats: int = typer.Option(10, min=1),
     model: str = typer.Option("all-MiniLM-L6-v2"),
 ) -> None:
-    from shared.privacy import l1_norm, l2_norm, update_delta
-    from worker.data.dataset import load_dataset
-    from worker.data.presets import preset_for
-    from worker.engine.engine import PromptEngine
+    from fedprompt.shared.privacy import l1_norm, l2_norm, update_delta
+    from fedprompt.worker.data.dataset import load_dataset
+    from fedprompt.worker.data.presets import preset_for
+    from fedprompt.worker.engine.engine import PromptEngine
 
     examples = list(load_dataset(dataset, "train"))[:train_limit]
     share = max(1, len(examples) // clients)

@@ -9,8 +9,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from sim.experiments.config import Cell, ConfigError, ExperimentConfig, expand, matches
-from sim.experiments.records import metrics_of
+from fedprompt.sim.experiments.config import Cell, ConfigError, ExperimentConfig, expand, matches
+from fedprompt.sim.experiments.records import metrics_of
 
 PERCENT = {
     "initial_accuracy",

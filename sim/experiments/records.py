@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sim.experiments.config import ExperimentConfig, expand
-from sim.experiments.runner import (
+from fedprompt.sim.experiments.config import ExperimentConfig, expand
+from fedprompt.sim.experiments.runner import (
     committed_cells,
     committed_match,
     normalised,
@@ -122,7 +122,7 @@ def metrics_of(record: dict[str, Any]) -> dict[str, Any]:
     """A finished record's metrics as the tables show them: with the LDP noise per element, and for a
     cell measured before LDP was calibrated to the sensitivity 2 × clip, the ε its releases in fact
     guaranteed (shared.privacy.uncalibrated_epsilon) instead of the ε it was run at."""
-    from shared.privacy import (
+    from fedprompt.shared.privacy import (
         SENSITIVITY_FACTOR,
         gaussian_noise_multiplier,
         gaussian_std,

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.experiments.config import Cell, ExperimentConfig, PaperValue, expand, matches
-from sim.experiments.prose import PERCENT, _cells_text, _params, _values, fill, stat
-from sim.experiments.records import collect, merge_committed, metrics_of, records_of
-from sim.experiments.runner import (
+from fedprompt.sim.experiments.config import Cell, ExperimentConfig, PaperValue, expand, matches
+from fedprompt.sim.experiments.prose import PERCENT, _cells_text, _params, _values, fill, stat
+from fedprompt.sim.experiments.records import collect, merge_committed, metrics_of, records_of
+from fedprompt.sim.experiments.runner import (
     committed_cells,
     keep_warm_prompts,
     outdated,
@@ -170,7 +170,7 @@ def sizes(config: ExperimentConfig) -> str:
 
 def our_size(config: ExperimentConfig) -> str:
     """The size of our cells in words: model, clients, rounds × local steps, data (grid keys say 'see grid')."""
-    from shared.spec import DEFAULT_MODEL
+    from fedprompt.shared.spec import DEFAULT_MODEL
 
     b = config.base
 
@@ -348,7 +348,7 @@ def figures(
             path = out_root / config.name / cell.id / "results.json" if cell else None
             if path is not None and path.exists():
                 if draw:
-                    from sim.plots import plot_asr
+                    from fedprompt.sim.plots import plot_asr
 
                     fig_dir.mkdir(parents=True, exist_ok=True)
                     plot_asr(target, json.loads(path.read_text()))
@@ -359,7 +359,7 @@ def figures(
             if not series:
                 continue
             if draw:
-                from sim.plots import plot_lines
+                from fedprompt.sim.plots import plot_lines
 
                 fig_dir.mkdir(parents=True, exist_ok=True)
                 ylabel = f"{LABELS.get(plot.y, plot.y)}" + (" (%)" if plot.y in PERCENT else "")
@@ -384,9 +384,9 @@ class Experiment:
 def head() -> str:
     """RESULTS.md's opening: how it is made, and the method where it differs from the paper (from the
     code's own constants: presets, spec defaults, the LDP calibration)."""
-    from shared.privacy import SENSITIVITY_FACTOR
-    from shared.spec import DEFAULT_MODEL, FederationSpec, default_lr
-    from worker.data.presets import PRESETS
+    from fedprompt.shared.privacy import SENSITIVITY_FACTOR
+    from fedprompt.shared.spec import DEFAULT_MODEL, FederationSpec, default_lr
+    from fedprompt.worker.data.presets import PRESETS
 
     fields = FederationSpec.model_fields
     tokens, lr, clip = (fields[k].default for k in ("num_virtual_tokens", "lr", "grad_clip"))
@@ -470,7 +470,7 @@ def experiments_of(
     config_paths: Sequence[Path], out_root: Path, fig_dir: Path, root: Path
 ) -> list[Experiment]:
     """Each config with its records (runs here, else committed) and the figures it links (not drawn)."""
-    from sim.experiments.config import load_config
+    from fedprompt.sim.experiments.config import load_config
 
     out = []
     for path in config_paths:
@@ -493,7 +493,7 @@ def report(
 ) -> dict[str, list[dict[str, Any]]]:
     """Take the cells run here into the summaries and figures of `config_paths`, then write RESULTS.md
     whole from every config of `document` (default: the same configs)."""
-    from sim.experiments.config import load_config
+    from fedprompt.sim.experiments.config import load_config
 
     summaries: dict[str, list[dict[str, Any]]] = {}
     for path in config_paths:

@@ -18,9 +18,9 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from sim.argv import to_args
-from sim.experiments.config import Cell, ExperimentConfig, expand
-from sim.supervisor import bin_path
+from fedprompt.sim.argv import to_args
+from fedprompt.sim.experiments.config import Cell, ExperimentConfig, expand
+from fedprompt.sim.supervisor import bin_path
 
 # Options a cell may carry that simulate does not (yet) know, and the value that means "the default".
 DEFAULT_VALUES: dict[str, Any] = {"method": "prompt_tuning"}
@@ -33,7 +33,7 @@ LEGACY_OPTIONS = {"measure_asr"}
 
 def simulate_options() -> set[str]:
     """The option names `fedprompt simulate` accepts (its function's parameters)."""
-    from sim.simulate import simulate_command
+    from fedprompt.sim.simulate import simulate_command
 
     return set(inspect.signature(simulate_command).parameters)
 
@@ -233,7 +233,7 @@ def warm_start_options(config: ExperimentConfig, cell: Cell) -> dict[str, Any]:
 
 def simulate_defaults() -> dict[str, Any]:
     """`fedprompt simulate`'s default value of each option."""
-    from sim.simulate import simulate_command
+    from fedprompt.sim.simulate import simulate_command
 
     return {k: p.default for k, p in inspect.signature(simulate_command).parameters.items()}
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fedprompt.shared import wire
 
 from bench import aggregation, comm, e2e, ingest, report, scoring, secagg, worker
-from shared import wire
 
 
 def _result(out: Path, name: str) -> dict:

@@ -6,12 +6,12 @@ from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
+from fedprompt.coordinator.app import create_app
+from fedprompt.coordinator.config import Settings
+from fedprompt.coordinator.db import make_engine, make_sessionmaker
+from fedprompt.coordinator.migrate import upgrade
+from fedprompt.coordinator.service import Coordinator
 
-from coordinator.app import create_app
-from coordinator.config import Settings
-from coordinator.db import make_engine, make_sessionmaker
-from coordinator.migrate import upgrade
-from coordinator.service import Coordinator
 from tests.helpers import ADMIN
 
 LIMIT = 4096  # the API fixture's upload limit, small so 413 is cheap to provoke

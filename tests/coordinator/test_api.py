@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from fedprompt.coordinator.db import Base
+from fedprompt.shared import wire
 from sqlalchemy import func, select
 
-from coordinator.db import Base
-from shared import wire
 from tests.coordinator.conftest import LIMIT
 from tests.helpers import ADMIN, SMALL_SPEC, random_tensors, update_blob
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from fedprompt.coordinator.app import create_app
+from fedprompt.coordinator.config import Settings
+from fedprompt.coordinator.migrate import upgrade
 
-from coordinator.app import create_app
-from coordinator.config import Settings
-from coordinator.migrate import upgrade
 from tests.coordinator.test_api import snapshot
 from tests.helpers import ADMIN, SMALL_SPEC, federation_with_clients, update_blob
 

@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from fedprompt.coordinator.config import ConfigError, Settings, require_admin_token
 
-from coordinator.config import ConfigError, Settings, require_admin_token
 from tests.helpers import coordinator_cmd
 
 

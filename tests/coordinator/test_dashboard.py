@@ -12,15 +12,21 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from fedprompt.coordinator.api.session import SESSION_COOKIE, new_session, session_is_valid
+from fedprompt.coordinator.app import create_app
+from fedprompt.coordinator.config import Settings
+from fedprompt.coordinator.dashboard import STATIC_DIR, TEMPLATES_DIR, fmt_bytes, fmt_duration, fmt_pct
+from fedprompt.coordinator.dashboard.view import (
+    communication,
+    federation_detail,
+    pick_federation,
+    series,
+    timeline,
+)
+from fedprompt.coordinator.logic.ledger import ledger
+from fedprompt.coordinator.migrate import upgrade
+from fedprompt.shared.spec import FederationSpec
 
-from coordinator.api.session import SESSION_COOKIE, new_session, session_is_valid
-from coordinator.app import create_app
-from coordinator.config import Settings
-from coordinator.dashboard import STATIC_DIR, TEMPLATES_DIR, fmt_bytes, fmt_duration, fmt_pct
-from coordinator.dashboard.view import communication, federation_detail, pick_federation, series, timeline
-from coordinator.logic.ledger import ledger
-from coordinator.migrate import upgrade
-from shared.spec import FederationSpec
 from tests.helpers import ADMIN, SMALL_SPEC, update_blob
 
 ROOT = Path(__file__).resolve().parents[2]

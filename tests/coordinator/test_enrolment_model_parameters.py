@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from fedprompt.coordinator.db import Federation
 from sqlalchemy import select
 
-from coordinator.db import Federation
 from tests.coordinator.test_api import is_problem, snapshot
 from tests.helpers import ADMIN_AUTH, SMALL_SPEC, federation_with_clients
 

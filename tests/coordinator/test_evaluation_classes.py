@@ -10,13 +10,12 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-
-from coordinator.app import create_app
-from coordinator.config import Settings
-from coordinator.dashboard.view import timeline
-from coordinator.logic.evaluation import summarize_evaluations
-from coordinator.migrate import upgrade
-from shared.evalstats import (
+from fedprompt.coordinator.app import create_app
+from fedprompt.coordinator.config import Settings
+from fedprompt.coordinator.dashboard.view import timeline
+from fedprompt.coordinator.logic.evaluation import summarize_evaluations
+from fedprompt.coordinator.migrate import upgrade
+from fedprompt.shared.evalstats import (
     confusion_metrics,
     is_class_count,
     macro_f1,
@@ -24,6 +23,7 @@ from shared.evalstats import (
     read_confusion,
     sum_confusions,
 )
+
 from tests.helpers import ADMIN, SMALL_SPEC, update_blob
 
 ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from coordinator.logic.aggregation import AggregationError, aggregate, fedavg
-from coordinator.logic.selection import select_clients
+from fedprompt.coordinator.logic.aggregation import AggregationError, aggregate, fedavg
+from fedprompt.coordinator.logic.selection import select_clients
 
 
 def test_fedavg_weights_by_samples() -> None:

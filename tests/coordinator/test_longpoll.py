@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Any
 
-from coordinator.api.longpoll import StampWatch
+from fedprompt.coordinator.api.longpoll import StampWatch
 
 
 class FakeStamps:

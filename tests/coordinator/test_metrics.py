@@ -6,12 +6,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from prometheus_client.parser import text_string_to_metric_families
-
-from coordinator.app import create_app
-from coordinator.config import Settings
-from coordinator.db import Round
-from coordinator.metrics import (
+from fedprompt.coordinator.app import create_app
+from fedprompt.coordinator.config import Settings
+from fedprompt.coordinator.db import Round
+from fedprompt.coordinator.metrics import (
     UPLOAD_ROUTE,
     CoordinatorMetrics,
     DatabaseGauges,
@@ -19,8 +17,10 @@ from coordinator.metrics import (
     instrument_sessions,
     rejection_reason,
 )
-from coordinator.migrate import upgrade
-from shared.spec import FederationSpec
+from fedprompt.coordinator.migrate import upgrade
+from fedprompt.shared.spec import FederationSpec
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.coordinator.conftest import LIMIT, FakeClock
 from tests.helpers import ADMIN, SMALL_SPEC, update_blob
 
@@ -217,9 +217,8 @@ def test_rejection_reason_names_the_service_error(status: int, reason: str) -> N
 
 
 def test_worker_metrics_endpoint_exposes_training_metrics() -> None:
+    from fedprompt.worker.app import WorkerMetrics
     from prometheus_client import generate_latest
-
-    from worker.app import WorkerMetrics
 
     metrics = WorkerMetrics()
     metrics.steps.inc(3)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from fedprompt.coordinator.db import Base, make_engine
+from fedprompt.coordinator.migrate import head_revision, schema_is_current, upgrade
 from sqlalchemy import text
-
-from coordinator.db import Base, make_engine
-from coordinator.migrate import head_revision, schema_is_current, upgrade
 
 
 def test_migrations_match_models(db_url: str) -> None:

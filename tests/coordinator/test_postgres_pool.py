@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from fedprompt.coordinator.db import make_engine, make_sessionmaker
+from fedprompt.coordinator.migrate import upgrade
+from fedprompt.coordinator.service import Coordinator
+from fedprompt.shared.spec import FederationSpec
 from sqlalchemy.exc import DBAPIError
-
-from coordinator.db import make_engine, make_sessionmaker
-from coordinator.migrate import upgrade
-from coordinator.service import Coordinator
-from shared.spec import FederationSpec
 
 pytestmark = pytest.mark.postgres
 

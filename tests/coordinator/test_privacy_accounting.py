@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
+from fedprompt.shared.privacy import gaussian_noise_multiplier, spent_epsilon
 
-from shared.privacy import gaussian_noise_multiplier, spent_epsilon
 from tests.helpers import ADMIN, SMALL_SPEC, federation_with_clients, update_blob
 
 ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}

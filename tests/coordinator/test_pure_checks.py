@@ -7,12 +7,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
-from coordinator.api.paths import UPLOAD_PATHS, UPLOAD_ROUTE
-from coordinator.errors import Conflict, Forbidden, Gone, NotFound
-from coordinator.logic.evaluation import evaluation_due
-from coordinator.logic.roundstats import privacy_record, round_stats
-from coordinator.logic.uploads import (
+from fedprompt.coordinator.api.paths import UPLOAD_PATHS, UPLOAD_ROUTE
+from fedprompt.coordinator.errors import Conflict, Forbidden, Gone, NotFound
+from fedprompt.coordinator.logic.evaluation import evaluation_due
+from fedprompt.coordinator.logic.roundstats import privacy_record, round_stats
+from fedprompt.coordinator.logic.uploads import (
     PendingUpload,
     Selection,
     StoredUpdate,
@@ -20,7 +19,7 @@ from coordinator.logic.uploads import (
     check_update,
     weight,
 )
-from shared.spec import PrivacySpec
+from fedprompt.shared.spec import PrivacySpec
 
 OPEN = SimpleNamespace(id=7, attempt=2, state="open", base_version=3)
 FAILED = SimpleNamespace(id=6, attempt=1, state="failed", base_version=3)

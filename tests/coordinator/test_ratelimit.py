@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from fedprompt.coordinator.app import create_app
+from fedprompt.coordinator.config import Settings
+from fedprompt.coordinator.migrate import upgrade
+from fedprompt.coordinator.ratelimit import RateLimiter, parse_limits
 from pydantic import ValidationError
 
-from coordinator.app import create_app
-from coordinator.config import Settings
-from coordinator.migrate import upgrade
-from coordinator.ratelimit import RateLimiter, parse_limits
 from tests.helpers import ADMIN, SMALL_SPEC
 
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN}"}

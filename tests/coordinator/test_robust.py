@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from coordinator.logic.aggregation import AggregationError, aggregate, available_rules, check_params
+from fedprompt.coordinator.logic.aggregation import AggregationError, aggregate, available_rules, check_params
 
 
 def ups(*rows: list[float], weights: list[float] | None = None) -> list[tuple[dict[str, np.ndarray], float]]:

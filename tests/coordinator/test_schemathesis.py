@@ -33,6 +33,9 @@ from typing import Any
 import pytest
 import schemathesis
 from fastapi.testclient import TestClient
+from fedprompt.coordinator.app import create_app
+from fedprompt.coordinator.config import Settings
+from fedprompt.coordinator.migrate import upgrade
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.parameters import ParameterLocation
@@ -43,9 +46,6 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from coordinator.app import create_app
-from coordinator.config import Settings
-from coordinator.migrate import upgrade
 from tests.helpers import ADMIN, SMALL_SPEC, federation_with_clients
 
 EXAMPLES = int(os.environ.get("FEDPROMPT_SCHEMATHESIS_EXAMPLES", "25"))

@@ -7,13 +7,12 @@ from __future__ import annotations
 import base64
 
 import pytest
+from fedprompt.coordinator.dashboard.view import timeline
+from fedprompt.coordinator.errors import Invalid
+from fedprompt.coordinator.logic import secagg as rules
+from fedprompt.shared.secagg import shares
+from fedprompt.shared.spec import FederationSpec, SecureAggregationSpec
 from pydantic import ValidationError
-
-from coordinator.dashboard.view import timeline
-from coordinator.errors import Invalid
-from coordinator.logic import secagg as rules
-from shared.secagg import shares
-from shared.spec import FederationSpec, SecureAggregationSpec
 
 SA = SecureAggregationSpec()
 

@@ -13,15 +13,15 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from fedprompt.coordinator.app import create_app
+from fedprompt.coordinator.config import Settings
+from fedprompt.coordinator.db import SecaggMessage, Update, make_engine, make_sessionmaker
+from fedprompt.coordinator.migrate import upgrade
+from fedprompt.shared import wire
+from fedprompt.shared.secagg import protocol, quantise
+from fedprompt.shared.spec import FederationSpec, initial_prompt
 from sqlalchemy import select
 
-from coordinator.app import create_app
-from coordinator.config import Settings
-from coordinator.db import SecaggMessage, Update, make_engine, make_sessionmaker
-from coordinator.migrate import upgrade
-from shared import wire
-from shared.secagg import protocol, quantise
-from shared.spec import FederationSpec, initial_prompt
 from tests.coordinator.conftest import FakeClock
 from tests.helpers import ADMIN, ADMIN_AUTH, SMALL_SPEC
 from tests.secagg_clients import ScriptedClient, close_to_any

@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 from fastapi.routing import APIRoute, iter_route_contexts
 from fastapi.testclient import TestClient
+from fedprompt.coordinator.api import auth, deps, session
+from fedprompt.coordinator.app import create_app
+from fedprompt.coordinator.config import ConfigError, Settings, require_admin_token
+from fedprompt.coordinator.db import Base
+from fedprompt.coordinator.migrate import upgrade
+from fedprompt.coordinator.security import hash_token
 from sqlalchemy import select, text
 
-from coordinator.api import auth, deps, session
-from coordinator.app import create_app
-from coordinator.config import ConfigError, Settings, require_admin_token
-from coordinator.db import Base
-from coordinator.migrate import upgrade
-from coordinator.security import hash_token
 from tests.coordinator.test_api import snapshot
 from tests.coordinator.test_authz_matrix import ADMIN_ONLY, CLIENT, EITHER, ENROL, PUBLIC, ROUTES
 from tests.helpers import ADMIN, SMALL_SPEC, federation_with_clients, update_blob

@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from coordinator.logic.server_optim import (
+from fedprompt.coordinator.logic.server_optim import (
     ServerOptimizerError,
     ServerStep,
     decode_state,

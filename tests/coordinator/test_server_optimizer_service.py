@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 from fastapi.testclient import TestClient
+from fedprompt.coordinator.db import ServerOptimizerState, make_sessionmaker
+from fedprompt.coordinator.service import Coordinator
+from fedprompt.shared import wire
+from fedprompt.shared.spec import FederationSpec
 from sqlalchemy import select
 
-from coordinator.db import ServerOptimizerState, make_sessionmaker
-from coordinator.service import Coordinator
-from shared import wire
-from shared.spec import FederationSpec
 from tests.helpers import ADMIN_AUTH, SMALL_SPEC, update_blob
 
 ADAM = {"name": "fedadam", "lr": 0.05, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3}

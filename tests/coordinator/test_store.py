@@ -9,11 +9,11 @@ from functools import partial
 
 import numpy as np
 import pytest
+from fedprompt.coordinator.errors import Conflict, Forbidden, Gone, NotFound, Unauthorized
+from fedprompt.coordinator.service import Coordinator
+from fedprompt.shared import wire
+from fedprompt.shared.spec import FederationSpec
 
-from coordinator.errors import Conflict, Forbidden, Gone, NotFound, Unauthorized
-from coordinator.service import Coordinator
-from shared import wire
-from shared.spec import FederationSpec
 from tests.helpers import SMALL_SPEC, update_blob
 
 
@@ -297,7 +297,7 @@ def test_robust_rule_notes_appear_in_the_round_history(service: Coordinator) -> 
 
 
 def test_invalid_aggregation_params_are_refused_at_creation(service: Coordinator) -> None:
-    from coordinator.errors import Invalid
+    from fedprompt.coordinator.errors import Invalid
 
     with pytest.raises(Invalid, match="beta"):
         _federation(service, aggregation={"name": "trimmed_mean", "params": {"beta": 0.9}})
@@ -379,8 +379,8 @@ def test_uploads_arriving_together_are_committed_together_each_with_its_own_answ
 
 
 def test_prompt_versions_held_in_memory_stay_few_and_old_ones_are_read_again(service: Coordinator) -> None:
-    from coordinator.db import PromptVersion
-    from coordinator.store import VERSION_CACHE_ENTRIES
+    from fedprompt.coordinator.db import PromptVersion
+    from fedprompt.coordinator.store import VERSION_CACHE_ENTRIES
 
     fid, spec = _federation(service, min_clients=1)
     _enrol(service, fid, 1)  # round 1 opens: version 0 is final from now on

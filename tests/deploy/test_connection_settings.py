@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 
-from coordinator.config import Settings
+from fedprompt.coordinator.config import Settings
+
 from tests.deploy.files import ROOT, compose, find, render
 
 CONNECTION_SETTINGS = {

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fedprompt.shared.client import CoordinatorClient
+from fedprompt.shared.local import free_port, wait_ready
+from fedprompt.worker.data.dataset import datasets_dir
+from fedprompt.worker.shards import ShardSpec, load_shard
 
-from shared.client import CoordinatorClient
-from shared.local import free_port, wait_ready
 from tests.deploy.files import DOCKERFILES, OVERLAYS, dockerfile_stages, find, pod_spec, render
 from tests.helpers import ADMIN, stop_all, wait_for, worker_status
-from worker.data.dataset import datasets_dir
-from worker.shards import ShardSpec, load_shard
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 

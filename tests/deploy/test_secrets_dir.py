@@ -6,8 +6,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from fedprompt.coordinator.config import ConfigError, Settings
 
-from coordinator.config import ConfigError, Settings
 from tests.helpers import coordinator_cmd
 
 TOKEN = "token-from-a-secret-file-0123456789"

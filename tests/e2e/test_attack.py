@@ -13,9 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from coordinator.db import make_engine, make_sessionmaker
-from coordinator.service import Coordinator
+from fedprompt.coordinator.db import make_engine, make_sessionmaker
+from fedprompt.coordinator.service import Coordinator
 
 pytestmark = pytest.mark.slow
 FEDPROMPT = str(Path(sys.executable).parent / "fedprompt")

@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from worker.data import datasets_dir
+from fedprompt.worker.data import datasets_dir
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fedprompt.coordinator.db import Event, PromptVersion, Round, Update, make_engine, make_sessionmaker
+from fedprompt.shared import wire
+from fedprompt.shared.client import CoordinatorClient
 from sqlalchemy import select
 
-from coordinator.db import Event, PromptVersion, Round, Update, make_engine, make_sessionmaker
-from shared import wire
-from shared.client import CoordinatorClient
 from tests.helpers import ADMIN, coordinator_process, update_blob
 
 pytestmark = pytest.mark.slow

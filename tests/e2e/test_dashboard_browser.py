@@ -17,10 +17,10 @@ from typing import Any
 
 import httpx
 import pytest
+from fedprompt.shared.client import CoordinatorClient
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.client import CoordinatorClient
 from tests.helpers import ADMIN, coordinator_process, update_blob, wait_for
 
 pytestmark = pytest.mark.slow

@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from fedprompt.coordinator.db import make_engine, make_sessionmaker
+from fedprompt.coordinator.service import Coordinator
+from fedprompt.shared import wire
+from fedprompt.shared.spec import FederationSpec
 
-from coordinator.db import make_engine, make_sessionmaker
-from coordinator.service import Coordinator
-from shared import wire
-from shared.spec import FederationSpec
 from tests.helpers import ADMIN, coordinator_process, processes_mentioning
 
 pytestmark = pytest.mark.slow
@@ -108,10 +108,9 @@ def test_federation_with_method_closes_every_round(
 
 def _load_into_minilm(folder: Path, spec: FederationSpec) -> None:
     import torch
+    from fedprompt.worker.engine import resolve_model
     from peft import PeftModel
     from transformers import AutoModel, AutoTokenizer
-
-    from worker.engine import resolve_model
 
     path = resolve_model(spec.model)
     base = AutoModel.from_pretrained(path).eval()

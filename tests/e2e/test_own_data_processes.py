@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from worker.data import datasets_dir
+from fedprompt.worker.data import datasets_dir
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent

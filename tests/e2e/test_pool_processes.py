@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fedprompt.coordinator.db import Client, Update, make_engine, make_sessionmaker
+from fedprompt.shared.client import CoordinatorClient
 from sqlalchemy import func, select
 
-from coordinator.db import Client, Update, make_engine, make_sessionmaker
-from shared.client import CoordinatorClient
 from tests.helpers import (
     ADMIN,
     coordinator_process,

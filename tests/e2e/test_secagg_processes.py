@@ -16,13 +16,13 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from fedprompt.coordinator.db import SecaggMessage, Update, make_engine, make_sessionmaker
+from fedprompt.shared import wire
+from fedprompt.shared.client import CoordinatorClient
+from fedprompt.shared.secagg import protocol, quantise
+from fedprompt.shared.spec import FederationSpec
 from sqlalchemy import select
 
-from coordinator.db import SecaggMessage, Update, make_engine, make_sessionmaker
-from shared import wire
-from shared.client import CoordinatorClient
-from shared.secagg import protocol, quantise
-from shared.spec import FederationSpec
 from tests.helpers import (
     ADMIN,
     ADMIN_AUTH,

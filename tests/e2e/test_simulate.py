@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from fedprompt.coordinator.db import make_engine, make_sessionmaker
+from fedprompt.coordinator.service import Coordinator
 
-from coordinator.db import make_engine, make_sessionmaker
-from coordinator.service import Coordinator
 from tests.helpers import processes_mentioning, wait_for
 
 pytestmark = pytest.mark.slow

@@ -22,9 +22,9 @@ from typing import Any
 
 import httpx
 import pytest
+from fedprompt.shared.local import free_port, wait_ready
 from sqlalchemy import create_engine, text
 
-from shared.local import free_port, wait_ready
 from tests.conftest import _drop_pg_database, _new_pg_database
 from tests.helpers import ADMIN, coordinator_cmd, federation_with_clients, stop_all
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 import pytest
+from fedprompt.shared import wire
 
-from shared import wire
 from tests.helpers import ADMIN, SMALL_SPEC, random_tensors
 from tests.security.conftest import (
     ADMIN_H,

@@ -10,9 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 import structlog
-
-from shared import jsonlimits, wire
-from shared.logs import (
+from fedprompt.shared import jsonlimits, wire
+from fedprompt.shared.logs import (
     MAX_EVENT_CHARS,
     REDACTED,
     RepeatLimiter,

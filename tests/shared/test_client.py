@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
-from shared.client import ApiError, CoordinatorClient
+from fedprompt.shared.client import ApiError, CoordinatorClient
 
 
 def _client(status: int, headers: dict[str, str], body: bytes) -> CoordinatorClient:

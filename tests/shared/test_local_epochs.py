@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from shared.spec import FederationSpec, client_steps
+from fedprompt.shared.spec import FederationSpec, client_steps
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from pydantic import ValidationError
-
-from shared.privacy import (
+from fedprompt.shared.privacy import (
     SENSITIVITY_FACTOR,
     PrivacyError,
     client_noise_seed,
@@ -30,7 +28,8 @@ from shared.privacy import (
     uncalibrated_epsilon,
     update_delta,
 )
-from shared.spec import PrivacySpec
+from fedprompt.shared.spec import PrivacySpec
+from pydantic import ValidationError
 
 
 def test_clip_l1_bounds_the_norm() -> None:

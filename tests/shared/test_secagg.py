@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
-from shared.secagg import graph, masks, protocol, quantise, shamir, shares
-from shared.secagg.protocol import PeerKeys, RoundSecrets
+from fedprompt.shared.secagg import graph, masks, protocol, quantise, shamir, shares
+from fedprompt.shared.secagg.protocol import PeerKeys, RoundSecrets
 
 # RFC 7748 section 6.1
 ALICE = bytes.fromhex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a")

@@ -6,10 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from coordinator.errors import Invalid
-from coordinator.logic.specs import validate_spec
-from shared.spec import SERVER_OPTIMIZER_DEFAULTS, FederationSpec, ServerOptimizerSpec
+from fedprompt.coordinator.errors import Invalid
+from fedprompt.coordinator.logic.specs import validate_spec
+from fedprompt.shared.spec import SERVER_OPTIMIZER_DEFAULTS, FederationSpec, ServerOptimizerSpec
 
 
 def test_default_is_no_server_optimiser() -> None:

@@ -12,15 +12,14 @@ import json
 import math
 from typing import Any
 
+from fedprompt.coordinator.db import MAX_ID
+from fedprompt.coordinator.errors import Invalid
+from fedprompt.coordinator.logic.specs import validate_spec
+from fedprompt.coordinator.logic.uploads import parse_update_metadata
+from fedprompt.shared import wire
+from fedprompt.shared.spec import FederationSpec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from coordinator.db import MAX_ID
-from coordinator.errors import Invalid
-from coordinator.logic.specs import validate_spec
-from coordinator.logic.uploads import parse_update_metadata
-from shared import wire
-from shared.spec import FederationSpec
 
 SPEC = FederationSpec(num_virtual_tokens=4, hidden_size=8, model_fingerprint="abc123")
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

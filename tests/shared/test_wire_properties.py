@@ -6,11 +6,10 @@ import contextlib
 
 import numpy as np
 import pytest
+from fedprompt.shared import wire
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
-
-from shared import wire
 
 shapes = st.tuples(st.integers(1, 6), st.integers(1, 6))
 finite = st.floats(allow_nan=False, allow_infinity=False, width=32)

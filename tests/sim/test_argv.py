@@ -10,12 +10,11 @@ import click
 import pytest
 import typer
 import typer.main
-
-from sim.argv import TrainLocal, WorkerPool, to_args
-from sim.simulate import Run, _client, _pool_file
-from worker.cli import pool, serve
-from worker.pool import PoolConfig
-from worker.train_local import train_local_command
+from fedprompt.sim.argv import TrainLocal, WorkerPool, to_args
+from fedprompt.sim.simulate import Run, _client, _pool_file
+from fedprompt.worker.cli import pool, serve
+from fedprompt.worker.pool import PoolConfig
+from fedprompt.worker.train_local import train_local_command
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fedprompt.sim.data_cli import data_app
+from fedprompt.sim.hub import HUB_SETS
+from fedprompt.worker.data import datasets_dir, load_dataset
+from fedprompt.worker.data.pack import verify
 from typer.testing import CliRunner
-
-from sim.data_cli import data_app
-from sim.hub import HUB_SETS
-from worker.data import datasets_dir, load_dataset
-from worker.data.pack import verify
 
 runner = CliRunner()
 
@@ -206,7 +205,7 @@ def test_fetch_maps_a_sentence_pair_set(
 def test_fetched_files_are_the_same_bytes_each_time(
     tmp_path: Path, hub_copy: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sim.hub import fetch
+    from fedprompt.sim.hub import fetch
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     a = fetch("sst2", tmp_path / "a", source=str(hub_copy), cache_dir=tmp_path / "cache")

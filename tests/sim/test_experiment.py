@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from sim.argv import to_args
-from sim.experiments import runner
-from sim.experiments.config import ConfigError, ExperimentConfig, cell_id, expand, load_config
-from sim.experiments.prose import fill, stat
-from sim.experiments.records import cell_metrics, collect, metrics_of
-from sim.experiments.report import committed_cells, pivot, report
-from sim.experiments.runner import run_experiment, same_options, warm_prompts_dir
+from fedprompt.sim.argv import to_args
+from fedprompt.sim.experiments import runner
+from fedprompt.sim.experiments.config import ConfigError, ExperimentConfig, cell_id, expand, load_config
+from fedprompt.sim.experiments.prose import fill, stat
+from fedprompt.sim.experiments.records import cell_metrics, collect, metrics_of
+from fedprompt.sim.experiments.report import committed_cells, pivot, report
+from fedprompt.sim.experiments.runner import run_experiment, same_options, warm_prompts_dir
 
 CONFIG = """
 name: demo
@@ -154,9 +153,8 @@ def test_seeds_run_the_grid_whole_for_one_seed_first(tmp_path: Path) -> None:
 
 
 def test_seeds_option_names_the_configs_seeds(tmp_path: Path) -> None:
+    from fedprompt.sim.experiments.cli import app
     from typer.testing import CliRunner
-
-    from sim.experiments.cli import app
 
     _, path = _config(tmp_path)
     result = CliRunner().invoke(app, ["run", str(path), "--seeds", "3", "--dry-run"])

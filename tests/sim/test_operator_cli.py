@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from fedprompt.coordinator.app import create_app
+from fedprompt.coordinator.config import Settings
+from fedprompt.coordinator.db import Client
+from fedprompt.coordinator.migrate import upgrade
+from fedprompt.shared.client import CoordinatorClient
+from fedprompt.sim import operator_cli
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from coordinator.app import create_app
-from coordinator.config import Settings
-from coordinator.db import Client
-from coordinator.migrate import upgrade
-from shared.client import CoordinatorClient
-from sim import operator_cli
 from tests.coordinator.conftest import FakeClock
 from tests.helpers import ADMIN, SMALL_SPEC, update_blob
 

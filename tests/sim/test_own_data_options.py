@@ -11,11 +11,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
-from sim.data_options import resolve_data, shard_lines
-from sim.options import build_spec
-from sim.results import run_facts
-from worker.data import DataError, LabelWordError, MissingDataset, datasets_dir
+from fedprompt.sim.data_options import resolve_data, shard_lines
+from fedprompt.sim.options import build_spec
+from fedprompt.sim.results import run_facts
+from fedprompt.worker.data import DataError, LabelWordError, MissingDataset, datasets_dir
 
 MODEL = "all-MiniLM-L6-v2"
 
@@ -119,8 +118,8 @@ def test_a_missing_file_is_an_error(tmp_path: Path) -> None:
 
 
 def test_an_experiment_cell_on_a_file_passes_its_columns_to_simulate_and_the_warm_start() -> None:
-    from sim.experiments.config import ExperimentConfig, expand
-    from sim.experiments.runner import _key, simulate_options, unsupported, warm_start_options
+    from fedprompt.sim.experiments.config import ExperimentConfig, expand
+    from fedprompt.sim.experiments.runner import _key, simulate_options, unsupported, warm_start_options
 
     config = ExperimentConfig.model_validate(
         {

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fedprompt.shared.spec import FederationSpec
+from fedprompt.sim.results import round_records, write_results
+from fedprompt.sim.tables import per_class_text, row_table
 from rich.console import Console
 
-from shared.spec import FederationSpec
-from sim.results import round_records, write_results
-from sim.tables import per_class_text, row_table
 from tests.helpers import SMALL_SPEC
 
 EVALUATION = {

@@ -10,10 +10,9 @@ from typing import Any
 
 import pytest
 import yaml
-
-from sim.experiments.config import load_config
-from sim.experiments.prose import PLACEHOLDER
-from sim.experiments.report import experiments_of, render_document
+from fedprompt.sim.experiments.config import load_config
+from fedprompt.sim.experiments.prose import PLACEHOLDER
+from fedprompt.sim.experiments.report import experiments_of, render_document
 
 ROOT = Path(__file__).parents[2]
 CONFIGS = sorted((ROOT / "experiments").glob("*.yaml"))

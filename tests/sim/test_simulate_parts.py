@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fedprompt.coordinator.logic.ledger import ledger
+from fedprompt.shared.spec import FederationSpec, default_lr
+from fedprompt.sim.options import SimulateOptions, parse_aggregation, privacy_spec
+from fedprompt.sim.results import ldp_facts, round_records, write_results
+from fedprompt.sim.simulate import simulate_command
+from fedprompt.sim.tables import row_table
 
-from coordinator.logic.ledger import ledger
-from shared.spec import FederationSpec, default_lr
-from sim.options import SimulateOptions, parse_aggregation, privacy_spec
-from sim.results import ldp_facts, round_records, write_results
-from sim.simulate import simulate_command
-from sim.tables import row_table
 from tests.helpers import SMALL_SPEC
 
 SPEC = FederationSpec.model_validate({**SMALL_SPEC, "params_full_model": 1_000}).model_dump(mode="json")

@@ -7,8 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from sim.supervisor import Processes, SimulationError
+from fedprompt.sim.supervisor import Processes, SimulationError
 
 
 def _wait_exit(procs: Processes, name: str) -> None:

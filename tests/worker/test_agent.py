@@ -12,11 +12,10 @@ from typing import Any
 
 import httpx
 import numpy as np
-
-from shared import wire
-from shared.spec import FederationSpec
-from worker.agent import Agent, AgentConfig
-from worker.data import Example
+from fedprompt.shared import wire
+from fedprompt.shared.spec import FederationSpec
+from fedprompt.worker.agent import Agent, AgentConfig
+from fedprompt.worker.data import Example
 
 SPEC = FederationSpec(num_virtual_tokens=2, hidden_size=4, min_clients=1, local_steps=3)
 

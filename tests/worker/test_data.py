@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from worker.data import (
+from fedprompt.worker.data import (
     DATASETS_ENV,
     PRESETS,
     DataError,
@@ -240,9 +239,8 @@ def test_data_error_is_a_value_error() -> None:
 def test_every_packed_dataset_has_a_fitting_preset() -> None:
     root = datasets_dir()
     assert root.is_dir(), f"the shared data sets must be at {root} (or $FEDPROMPT_DATASETS)"
+    from fedprompt.worker.engine import resolve_model
     from transformers import AutoTokenizer
-
-    from worker.engine import resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("all-MiniLM-L6-v2"))
     for folder in sorted(p for p in root.iterdir() if (p / "meta.json").is_file()):
@@ -271,7 +269,7 @@ def test_only_packed_sets_with_their_own_labels_have_a_preset() -> None:
 def test_shard_sizes_are_the_sizes_load_shard_cuts(tmp_path: Path, partition: str, with_test: bool) -> None:
     from dataclasses import replace
 
-    from worker.shards import ShardSpec, load_shard, shard_sizes
+    from fedprompt.worker.shards import ShardSpec, load_shard, shard_sizes
 
     rows = [{"text": f"sentence {i}", "label": i % 2} for i in range(60)]
     folder = write_packed(tmp_path, "toy", rows=rows)

@@ -8,12 +8,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertModel
-
-from shared import wire
-from shared.spec import PROMPT_TENSOR, FederationSpec, initial_prompt
-from worker.data import Example
-from worker.engine import (
+from fedprompt.shared import wire
+from fedprompt.shared.spec import PROMPT_TENSOR, FederationSpec, initial_prompt
+from fedprompt.worker.data import Example
+from fedprompt.worker.engine import (
     PromptEngine,
     PromptError,
     TemplateError,
@@ -21,6 +19,7 @@ from worker.engine import (
     model_fingerprint,
     resolve_model,
 )
+from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertModel
 
 SINGLE = "{text} It was [MASK]."
 PAIR = "{text_a} ? [MASK] , {text_b}"
@@ -554,7 +553,7 @@ def test_cuda_device_is_refused_without_cuda(tokenizer: Any) -> None:
     ],
 )
 def test_missing_head_weights_decide_the_scoring(tokenizer: Any, missing: set[str], head: str) -> None:
-    from worker.engine.model import split_masked_lm
+    from fedprompt.worker.engine.model import split_masked_lm
 
     backbone = split_masked_lm(tiny_mlm(tokenizer), missing)
 
@@ -590,7 +589,7 @@ def test_unknown_precision_is_refused(tokenizer: Any) -> None:
 
 
 def test_spec_precision_reaches_the_engine_options() -> None:
-    from worker.engine.loading import spec_options
+    from fedprompt.worker.engine.loading import spec_options
 
     spec = FederationSpec(name="p", hidden_size=32, template=SINGLE, verbalizer=WORDS, precision="bf16")
     assert spec_options(spec)["precision"] == "bf16"

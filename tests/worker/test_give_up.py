@@ -12,11 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
-
-from worker.agent import WorkerStatus
-from worker.joining import FatalWorkerError
-from worker.pool import Pool, _run_agent
-from worker.reach import Unreachable, backoff, wait_reachable
+from fedprompt.worker.agent import WorkerStatus
+from fedprompt.worker.joining import FatalWorkerError
+from fedprompt.worker.pool import Pool, _run_agent
+from fedprompt.worker.reach import Unreachable, backoff, wait_reachable
 
 WORKER = str(Path(sys.executable).parent / "fedprompt-worker")
 URL = "http://127.0.0.1:9"

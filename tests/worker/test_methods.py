@@ -13,6 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from fedprompt.coordinator.logic.aggregation import fedavg
+from fedprompt.shared import wire
+from fedprompt.shared.methods import MethodError
+from fedprompt.shared.spec import FederationSpec
+from fedprompt.worker.data import Example
+from fedprompt.worker.engine import PromptEngine, resolve_model
 from transformers import (
     AutoTokenizer,
     BertConfig,
@@ -29,13 +35,6 @@ from transformers import (
     T5Config,
     T5ForConditionalGeneration,
 )
-
-from coordinator.logic.aggregation import fedavg
-from shared import wire
-from shared.methods import MethodError
-from shared.spec import FederationSpec
-from worker.data import Example
-from worker.engine import PromptEngine, resolve_model
 
 NV = 3
 WORDS = [["terrible"], ["great"]]
@@ -223,7 +222,7 @@ def test_method_on_family(kind: str, method: str) -> None:
 @pytest.mark.parametrize("kind", ["bert", "gpt2", "t5"])
 def test_random_init_is_the_federations_version_zero(kind: str) -> None:
     """init='random' draws every tensor of a method from the same stream as the coordinator's version 0."""
-    from shared.spec import initial_prompt
+    from fedprompt.shared.spec import initial_prompt
 
     engine = make_engine(kind, "p_tuning_mlp", init="random")
     spec = FederationSpec(hidden_size=32, num_virtual_tokens=NV, init_std=0.5, **METHODS["p_tuning_mlp"])

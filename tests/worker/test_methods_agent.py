@@ -7,14 +7,14 @@ from typing import Any
 
 import httpx
 import pytest
+from fedprompt.shared.spec import FederationSpec
+from fedprompt.worker.agent import Agent, AgentConfig
+from fedprompt.worker.data import Example
+from fedprompt.worker.engine import PromptEngine
+from fedprompt.worker.engine.model import describe_objects, fingerprint_of
+from fedprompt.worker.joining import FatalWorkerError, model_differences
 
-from shared.spec import FederationSpec
 from tests.worker.test_methods import TEMPLATES, WORDS, tiny_model
-from worker.agent import Agent, AgentConfig
-from worker.data import Example
-from worker.engine import PromptEngine
-from worker.engine.model import describe_objects, fingerprint_of
-from worker.joining import FatalWorkerError, model_differences
 
 
 def _spec_for(kind: str, *, hidden: int = 32, method: str = "prefix_tuning") -> FederationSpec:

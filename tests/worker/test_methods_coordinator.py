@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from fedprompt.coordinator.app import create_app
+from fedprompt.coordinator.config import Settings
+from fedprompt.coordinator.migrate import upgrade
+from fedprompt.shared import wire
+from fedprompt.shared.spec import FederationSpec
 
-from coordinator.app import create_app
-from coordinator.config import Settings
-from coordinator.migrate import upgrade
-from shared import wire
-from shared.spec import FederationSpec
 from tests.coordinator.test_api import is_problem, snapshot
 from tests.helpers import ADMIN, random_tensors
 

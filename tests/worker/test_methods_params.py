@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from worker.engine.params import comm_table, count_parameters, load_config, markdown
+from fedprompt.worker.engine.params import comm_table, count_parameters, load_config, markdown
 
 
 def test_bert_base_prompt_tuning_reproduces_the_paper() -> None:
@@ -21,9 +20,8 @@ def test_bert_base_prompt_tuning_reproduces_the_paper() -> None:
 
 def test_meta_count_equals_the_loaded_models() -> None:
     """The meta-device count of the vendored MiniLM config equals the real checkpoint's parameter count."""
+    from fedprompt.worker.engine import resolve_model
     from transformers import AutoModel
-
-    from worker.engine import resolve_model
 
     real = AutoModel.from_pretrained(resolve_model("all-MiniLM-L6-v2"))
     assert count_parameters(load_config("all-MiniLM-L6-v2")) == sum(p.numel() for p in real.parameters())

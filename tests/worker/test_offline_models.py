@@ -7,10 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
-
-from worker.data import Example
-from worker.engine import PromptEngine, offline
-from worker.engine.offline import OfflineModelError, resolve_model, smollm2_folder
+from fedprompt.worker.data import Example
+from fedprompt.worker.engine import PromptEngine, offline
+from fedprompt.worker.engine.offline import OfflineModelError, resolve_model, smollm2_folder
 
 
 def test_other_names_pass_through_and_a_missing_package_says_how_to_install(

@@ -9,8 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from worker.data import (
+from fedprompt.worker.data import (
     DataError,
     DataSource,
     LabelWordError,
@@ -22,9 +21,9 @@ from worker.data import (
     parse_labels,
     parse_verbalizer,
 )
-from worker.data.pack import describe, verify, write_packed
-from worker.data.source import hold_out, table_name
-from worker.data.verbalizer import load_tokenizer, word_pieces
+from fedprompt.worker.data.pack import describe, verify, write_packed
+from fedprompt.worker.data.source import hold_out, table_name
+from fedprompt.worker.data.verbalizer import load_tokenizer, word_pieces
 
 MODEL = "all-MiniLM-L6-v2"
 
@@ -233,7 +232,7 @@ def test_packed_sets_keep_their_presets_and_a_namesake_folder_does_not(tokenizer
 
 
 def test_shard_summary_gives_sizes_and_label_mix(tmp_path: Path) -> None:
-    from worker.shards import ShardSpec, shard_sizes, shard_summary
+    from fedprompt.worker.shards import ShardSpec, shard_sizes, shard_summary
 
     path = write_csv(tmp_path / "r.csv", sst2_rows(120), ("negative", "positive"))
     spec = ShardSpec(

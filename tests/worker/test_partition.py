@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from worker.data import (
+from fedprompt.worker.data import (
     PartitionError,
     Scheme,
     iid,

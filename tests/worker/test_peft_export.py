@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fedprompt.shared import wire
+from fedprompt.shared.export import CONFIG_NAME, WEIGHTS_NAME, ExportError, peft_zip, unpack, write_peft
+from fedprompt.shared.methods import MethodConfig, materialise
+from fedprompt.shared.spec import FederationSpec
 
-from shared import wire
-from shared.export import CONFIG_NAME, WEIGHTS_NAME, ExportError, peft_zip, unpack, write_peft
-from shared.methods import MethodConfig, materialise
-from shared.spec import FederationSpec
 from tests.worker.test_methods import EXAMPLES, FAMILY, METHODS, NV, TEMPLATES, make_engine, tiny_model
 
 MATRIX = [(kind, method) for kind in ("bert", "roberta", "gpt2", "t5") for method in METHODS]

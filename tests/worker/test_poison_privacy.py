@@ -10,15 +10,13 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-
-from coordinator.logic.evaluation import summarize_evaluations
-from shared import wire
-from shared.privacy import gaussian_noise_multiplier
-from shared.spec import FederationSpec, PrivacySpec
-from tests.worker.test_agent import SPEC, FakeCoordinator, FakeEngine, _run_until_done
-from worker.agent import Agent, AgentConfig
-from worker.data import Example
-from worker.poison import (
+from fedprompt.coordinator.logic.evaluation import summarize_evaluations
+from fedprompt.shared import wire
+from fedprompt.shared.privacy import gaussian_noise_multiplier
+from fedprompt.shared.spec import FederationSpec, PrivacySpec
+from fedprompt.worker.agent import Agent, AgentConfig
+from fedprompt.worker.data import Example
+from fedprompt.worker.poison import (
     AttackError,
     Backdoor,
     Trigger,
@@ -30,6 +28,8 @@ from worker.poison import (
     poison,
     sign_flip,
 )
+
+from tests.worker.test_agent import SPEC, FakeCoordinator, FakeEngine, _run_until_done
 
 
 def test_trigger_positions() -> None:
@@ -217,7 +217,7 @@ def test_evaluation_summary_weights_asr_by_its_own_sample_count() -> None:
 
 
 def test_worker_options_build_the_backdoor_or_say_what_is_missing() -> None:
-    from worker.poison import backdoor_from_options as _backdoor
+    from fedprompt.worker.poison import backdoor_from_options as _backdoor
 
     assert _backdoor(None, 0.0, "cf", "random", "none", 2, 0) is None
     door = _backdoor(1, 0.5, "cf,mn", "end", "boost:4", 2, 7)

@@ -7,9 +7,8 @@ import stat
 from pathlib import Path
 
 import numpy as np
-
-from shared.secagg.protocol import PeerKeys, RoundSecrets
-from worker.secagg import SecureStages
+from fedprompt.shared.secagg.protocol import PeerKeys, RoundSecrets
+from fedprompt.worker.secagg import SecureStages
 
 
 def _mode(path: Path) -> int:

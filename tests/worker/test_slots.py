@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from worker.slots import ElasticThreads, held_slots, share_of, training_slot
+from fedprompt.worker.slots import ElasticThreads, held_slots, share_of, training_slot
 
 
 def test_share_of_divides_the_budget_and_keeps_the_floor() -> None:

@@ -1,6 +1,6 @@
 """Data for the worker: packed data sets, a user's own tables, presets and label words, client partitions."""
 
-from worker.data.dataset import (
+from fedprompt.worker.data.dataset import (
     DATASETS_ENV,
     DataError,
     Example,
@@ -14,7 +14,7 @@ from worker.data.dataset import (
     resolve_dataset,
     user_datasets_dir,
 )
-from worker.data.partition import (
+from fedprompt.worker.data.partition import (
     PartitionError,
     Scheme,
     iid,
@@ -23,9 +23,9 @@ from worker.data.partition import (
     partition,
     quantity_dirichlet,
 )
-from worker.data.presets import PRESETS, Preset, generic_template, preset_for
-from worker.data.source import DataSource, Splits, is_table, load_source, load_splits, parse_labels
-from worker.data.verbalizer import LabelWordError, choose_prompt, parse_verbalizer
+from fedprompt.worker.data.presets import PRESETS, Preset, generic_template, preset_for
+from fedprompt.worker.data.source import DataSource, Splits, is_table, load_source, load_splits, parse_labels
+from fedprompt.worker.data.verbalizer import LabelWordError, choose_prompt, parse_verbalizer
 
 __all__ = [
     "DATASETS_ENV",

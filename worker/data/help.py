@@ -1,7 +1,7 @@
 """The help of the data options every command shares (`fedprompt simulate`, `fedprompt-worker serve` and
 `train-local`, `fedprompt data import`): one wording, so the flags read the same everywhere."""
 
-from worker.data.verbalizer import VERBALIZER_HELP
+from fedprompt.worker.data.verbalizer import VERBALIZER_HELP
 
 DATA_HELP = (
     "A packed data set name (looked up in $FEDPROMPT_DATASETS, then in the folder `fedprompt data fetch` "

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from worker.data.dataset import DataError, TextDataset
+from fedprompt.worker.data.dataset import DataError, TextDataset
 
 SPLITS = ("train", "test")
 

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from worker.data.dataset import DataError, TextDataset, load_dataset, load_table
+from fedprompt.worker.data.dataset import DataError, TextDataset, load_dataset, load_table
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".ndjson", ".csv.gz", ".tsv.gz", ".jsonl.gz")
 # The held-out split of a file that comes without a test file: its share and its seed (fixed, so runs

@@ -12,8 +12,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from worker.data.dataset import DataError
-from worker.data.presets import generic_template, preset_for
+from fedprompt.worker.data.dataset import DataError
+from fedprompt.worker.data.presets import generic_template, preset_for
 
 VERBALIZER_HELP = (
     "Label words in label id order: 'terrible;great' (labels by ';', several words of one label by ',', "
@@ -72,9 +72,8 @@ def parse_verbalizer(text: str) -> list[list[str]]:
 
 def load_tokenizer(model: str) -> Any:
     """The tokenizer of a hub id or local path ('all-MiniLM-L6-v2' is the offline default)."""
+    from fedprompt.worker.engine.offline import resolve_model
     from transformers import AutoTokenizer
-
-    from worker.engine.offline import resolve_model
 
     try:
         return AutoTokenizer.from_pretrained(resolve_model(model))

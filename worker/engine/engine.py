@@ -10,18 +10,21 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
-from torch.nn import functional as F
-
-from shared import wire
-from shared.methods import PROMPT_TENSOR, EncoderType, Method, MethodConfig, tensor_shapes
-from shared.spec import FederationSpec, Precision, check_precision
-from worker.engine import prompt_io
-from worker.engine.batching import cycle_batches, label_ids, pad
-from worker.engine.initial import Init, initialise
-from worker.engine.loading import HeadChoice, backbone_of, check_positions, load_pretrained, spec_options
-from worker.engine.methods import attach, kv_size, model_shape
-from worker.engine.model import (
+from fedprompt.shared import wire
+from fedprompt.shared.methods import PROMPT_TENSOR, EncoderType, Method, MethodConfig, tensor_shapes
+from fedprompt.shared.spec import FederationSpec, Precision, check_precision
+from fedprompt.worker.engine import prompt_io
+from fedprompt.worker.engine.batching import cycle_batches, label_ids, pad
+from fedprompt.worker.engine.initial import Init, initialise
+from fedprompt.worker.engine.loading import (
+    HeadChoice,
+    backbone_of,
+    check_positions,
+    load_pretrained,
+    spec_options,
+)
+from fedprompt.worker.engine.methods import attach, kv_size, model_shape
+from fedprompt.worker.engine.model import (
     Backbone,
     Head,
     decoder_start_id,
@@ -31,9 +34,17 @@ from worker.engine.model import (
     freeze,
     pick_device,
 )
-from worker.engine.results import EvalResult, TrainResult
-from worker.engine.scoring import Scoring, phrase_embeddings, pooled_scores, resolve_scoring, word_average
-from worker.engine.template import Template, TextPair, Verbalizer
+from fedprompt.worker.engine.results import EvalResult, TrainResult
+from fedprompt.worker.engine.scoring import (
+    Scoring,
+    phrase_embeddings,
+    pooled_scores,
+    resolve_scoring,
+    word_average,
+)
+from fedprompt.worker.engine.template import Template, TextPair, Verbalizer
+from torch import nn
+from torch.nn import functional as F
 
 ProgressFn = Callable[[int, int, float], None]
 
@@ -331,7 +342,7 @@ class PromptEngine:
 
     def model_parameters(self) -> int:
         """Parameters of the checkpoint's architecture (from its config, tied weights once): the full model."""
-        from worker.engine.params import count_parameters
+        from fedprompt.worker.engine.params import count_parameters
 
         return count_parameters(self._backbone.config)
 

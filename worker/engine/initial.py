@@ -7,11 +7,10 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from fedprompt.shared.methods import MethodConfig, tensor_shapes
+from fedprompt.worker.engine.prompt_io import checked, write
+from fedprompt.worker.engine.template import Verbalizer
 from torch import nn
-
-from shared.methods import MethodConfig, tensor_shapes
-from worker.engine.prompt_io import checked, write
-from worker.engine.template import Verbalizer
 
 Init = Literal["random", "vocab", "label"]
 

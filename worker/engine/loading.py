@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from torch import nn
-
-from shared.spec import FederationSpec
-from worker.engine.model import (
+from fedprompt.shared.spec import FederationSpec
+from fedprompt.worker.engine.model import (
     Backbone,
     describe_model,
     detect_family,
@@ -16,7 +14,8 @@ from worker.engine.model import (
     load_backbone,
     split_masked_lm,
 )
-from worker.engine.offline import resolve_model
+from fedprompt.worker.engine.offline import resolve_model
+from torch import nn
 
 HeadChoice = Literal["auto", "mlm", "tied-embeddings"]
 # RoBERTa-style models number positions from padding_idx + 1.

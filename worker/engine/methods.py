@@ -14,10 +14,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from fedprompt.shared.methods import PEFT_TASK_TYPES, MethodConfig, MethodError, peft_state_names
+from fedprompt.worker.engine.model import Backbone
 from torch import nn
-
-from shared.methods import PEFT_TASK_TYPES, MethodConfig, MethodError, peft_state_names
-from worker.engine.model import Backbone
 
 
 def model_shape(config: Any) -> tuple[int, int, int]:

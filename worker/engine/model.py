@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from fedprompt.worker.engine.offline import resolve_model
 from torch import nn
-
-from worker.engine.offline import resolve_model
 
 # Files that define what a token id means; any change to them changes the fingerprint.
 TOKENIZER_FILES = (

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.methods import MethodConfig, num_parameters
+from fedprompt.shared.methods import MethodConfig, num_parameters
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 # The public config.json of each model, vendored so the table needs no hub and no weights.
@@ -62,7 +62,7 @@ class Row:
 
 def method_config(config: Any, num_virtual_tokens: int, **method: Any) -> MethodConfig:
     """The method's shape fields for a model config (hidden size and layers as PEFT reads them)."""
-    from worker.engine.methods import kv_size, model_shape
+    from fedprompt.worker.engine.methods import kv_size, model_shape
 
     hidden, layers, _ = model_shape(config)
     return MethodConfig(

@@ -6,9 +6,8 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
+from fedprompt.shared import wire
 from torch import nn
-
-from shared import wire
 
 
 class PromptError(ValueError):

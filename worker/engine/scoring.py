@@ -7,10 +7,9 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
+from fedprompt.worker.engine.model import Backbone
+from fedprompt.worker.engine.template import Template, Verbalizer
 from torch.nn import functional as F
-
-from worker.engine.model import Backbone
-from worker.engine.template import Template, Verbalizer
 
 Scoring = Literal["auto", "tied-embeddings", "mean-pool"]
 # Cosine similarities × this scale are the label logits of mean-pool scoring (sentence-transformers'

@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Response
-
-from coordinator.api.deps import AdminDep, ClientDep, EnrolmentDep, ServiceDep
-from coordinator.api.jsonbody import BoundedJSONRoute
-from coordinator.api.paths import FEDERATION
-from coordinator.api.problems import API_ERRORS, problem_responses
-from coordinator.api.schemas import (
+from fedprompt.coordinator.api.deps import AdminDep, ClientDep, EnrolmentDep, ServiceDep
+from fedprompt.coordinator.api.jsonbody import BoundedJSONRoute
+from fedprompt.coordinator.api.paths import FEDERATION
+from fedprompt.coordinator.api.problems import API_ERRORS, problem_responses
+from fedprompt.coordinator.api.schemas import (
     ClientInfo,
     Enrolled,
     EnrollRequest,

@@ -8,12 +8,11 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-
-from coordinator.api.auth import is_admin_token
-from coordinator.api.body import read_limited_body
-from coordinator.api.deps import AdminDep, MetricsDep, ServiceDep, SettingsDep
-from coordinator.api.ratelimit_dep import client_ip, get_rate_limiter
-from coordinator.api.session import (
+from fedprompt.coordinator.api.auth import is_admin_token
+from fedprompt.coordinator.api.body import read_limited_body
+from fedprompt.coordinator.api.deps import AdminDep, MetricsDep, ServiceDep, SettingsDep
+from fedprompt.coordinator.api.ratelimit_dep import client_ip, get_rate_limiter
+from fedprompt.coordinator.api.session import (
     CSRF_VALUE,
     SESSION_COOKIE,
     SESSION_TTL_S,
@@ -21,9 +20,9 @@ from coordinator.api.session import (
     new_session,
     parse_session,
 )
-from coordinator.dashboard import make_templates, page_data
-from coordinator.errors import TooLarge
-from coordinator.ratelimit import RateLimited
+from fedprompt.coordinator.dashboard import make_templates, page_data
+from fedprompt.coordinator.errors import TooLarge
+from fedprompt.coordinator.ratelimit import RateLimited
 
 router = APIRouter(prefix="/dashboard", tags=["dashboard"], include_in_schema=False)
 templates = make_templates()

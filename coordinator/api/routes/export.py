@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Literal
 
 from fastapi import APIRouter, Query, Response
-
-from coordinator.api.deps import AdminDep, ServiceDep
-from coordinator.api.jsonbody import BoundedJSONRoute
-from coordinator.api.paths import FEDERATIONS
-from coordinator.api.problems import API_ERRORS
-from coordinator.api.schemas import VERSION_PATTERN, IdPath
+from fedprompt.coordinator.api.deps import AdminDep, ServiceDep
+from fedprompt.coordinator.api.jsonbody import BoundedJSONRoute
+from fedprompt.coordinator.api.paths import FEDERATIONS
+from fedprompt.coordinator.api.problems import API_ERRORS
+from fedprompt.coordinator.api.schemas import VERSION_PATTERN, IdPath
 
 router = APIRouter(prefix=FEDERATIONS, tags=["export"], responses=API_ERRORS, route_class=BoundedJSONRoute)
 

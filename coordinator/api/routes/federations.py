@@ -6,14 +6,20 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
-
-from coordinator.api.body import SAFETENSORS_BODY, read_limited_body, upload_ticket
-from coordinator.api.deps import AdminDep, EitherDep, ServiceDep, SettingsDep
-from coordinator.api.jsonbody import BoundedJSONRoute
-from coordinator.api.paths import FEDERATIONS, INITIAL_PROMPT
-from coordinator.api.problems import API_ERRORS, problem_responses
-from coordinator.api.schemas import Event, FederationStatus, IdPath, InitialPrompt, SpecBody, VersionPath
-from coordinator.db import MAX_ID
+from fedprompt.coordinator.api.body import SAFETENSORS_BODY, read_limited_body, upload_ticket
+from fedprompt.coordinator.api.deps import AdminDep, EitherDep, ServiceDep, SettingsDep
+from fedprompt.coordinator.api.jsonbody import BoundedJSONRoute
+from fedprompt.coordinator.api.paths import FEDERATIONS, INITIAL_PROMPT
+from fedprompt.coordinator.api.problems import API_ERRORS, problem_responses
+from fedprompt.coordinator.api.schemas import (
+    Event,
+    FederationStatus,
+    IdPath,
+    InitialPrompt,
+    SpecBody,
+    VersionPath,
+)
+from fedprompt.coordinator.db import MAX_ID
 
 router = APIRouter(
     prefix=FEDERATIONS, tags=["federations"], responses=API_ERRORS, route_class=BoundedJSONRoute

@@ -5,10 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
-
-from coordinator.api.deps import MetricsDep, ServiceDep, SettingsDep
-from coordinator.api.schemas import Health
-from coordinator.migrate import schema_is_current
+from fedprompt.coordinator.api.deps import MetricsDep, ServiceDep, SettingsDep
+from fedprompt.coordinator.api.schemas import Health
+from fedprompt.coordinator.migrate import schema_is_current
 
 router = APIRouter(tags=["health"])
 

@@ -7,13 +7,19 @@ from typing import Any
 import anyio.to_thread
 from fastapi import APIRouter, BackgroundTasks, Query, Request, Response
 from fastapi.responses import JSONResponse
-
-from coordinator.api.body import SAFETENSORS_BODY, read_limited_body, upload_ticket
-from coordinator.api.deps import AdminDep, ClientDep, ServiceDep, SettingsDep, TaskPollDep, UploadThreadsDep
-from coordinator.api.jsonbody import BoundedJSONRoute
-from coordinator.api.paths import FEDERATION, UPDATE
-from coordinator.api.problems import API_ERRORS, problem_responses
-from coordinator.api.schemas import (
+from fedprompt.coordinator.api.body import SAFETENSORS_BODY, read_limited_body, upload_ticket
+from fedprompt.coordinator.api.deps import (
+    AdminDep,
+    ClientDep,
+    ServiceDep,
+    SettingsDep,
+    TaskPollDep,
+    UploadThreadsDep,
+)
+from fedprompt.coordinator.api.jsonbody import BoundedJSONRoute
+from fedprompt.coordinator.api.paths import FEDERATION, UPDATE
+from fedprompt.coordinator.api.problems import API_ERRORS, problem_responses
+from fedprompt.coordinator.api.schemas import (
     EvaluationReport,
     EvaluationStored,
     EvaluationSummary,

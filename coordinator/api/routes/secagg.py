@@ -7,13 +7,12 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Body
 from fastapi.responses import JSONResponse
+from fedprompt.coordinator.api.deps import ClientDep, ServiceDep
+from fedprompt.coordinator.api.jsonbody import BoundedJSONRoute
+from fedprompt.coordinator.api.paths import FEDERATION
+from fedprompt.coordinator.api.problems import API_ERRORS, problem_responses
+from fedprompt.coordinator.api.schemas import IdPath
 from pydantic import BaseModel, ConfigDict, Field
-
-from coordinator.api.deps import ClientDep, ServiceDep
-from coordinator.api.jsonbody import BoundedJSONRoute
-from coordinator.api.paths import FEDERATION
-from coordinator.api.problems import API_ERRORS, problem_responses
-from coordinator.api.schemas import IdPath
 
 
 class SecaggStored(BaseModel):
