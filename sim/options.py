@@ -74,6 +74,8 @@ class SimulateOptions:
     secure_aggregation: bool = False
     secagg_clip: float | None = None
     precision: str = "auto"
+    resume: bool = False
+    force: bool = False
 
 
 def parse_aggregation(text: str) -> dict[str, Any]:

@@ -4,7 +4,8 @@ token, state folder and data shard, and talks to the coordinator like a separate
 
 Everything talks real HTTP on loopback. Every process it starts is stopped on success, failure,
 Ctrl-C or SIGTERM (and, on Linux, dies with it if it is killed). Running it again with the same
---out continues the federation from its last closed round (simulation.json in --out says which).
+--out and the same options continues the federation from its last closed round (simulation.json in
+--out records both); other options are refused (sim/outdir.py: --resume, --force).
 
 The steps, each below: check the options, start the coordinator, create (or find) the federation,
 enrol the clients in order, start the worker pools, follow the rounds (a pool process that dies is
@@ -32,6 +33,7 @@ from fedprompt.sim.baseline import run_baseline
 from fedprompt.sim.data_options import print_data
 from fedprompt.sim.enrol import enrol_in_order
 from fedprompt.sim.options import Dataset, SimulateOptions, federation_spec, validate
+from fedprompt.sim.outdir import OutError, OutState, check_out, recorded_options, wipe
 from fedprompt.sim.progress import follow
 from fedprompt.sim.results import run_facts, write_results
 from fedprompt.sim.supervisor import Processes, SimulationError, bin_path
@@ -93,7 +95,11 @@ def simulate_command(
     labels: Annotated[str | None, typer.Option(help=LABELS_HELP)] = None,
     database_url: Annotated[str | None, typer.Option(help="Default: a SQLite file in --out.")] = None,
     out: Annotated[
-        Path, typer.Option(help="Results folder; reuse it to continue an interrupted run.")
+        Path,
+        typer.Option(
+            help="Results folder. A folder that holds a run with other options is refused (--resume, --force); "
+            "the same options continue its run."
+        ),
     ] = Path("runs/simulate"),
     parallel: Annotated[
         int | None, typer.Option(min=1, help="Clients training at once (default: CPU cores).")
@@ -206,6 +212,16 @@ def simulate_command(
         ),
     ] = None,
     precision: Annotated[str, typer.Option(help=PRECISION_HELP)] = "auto",
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume", help="Continue the run in --out (it must have been started with the same options)."
+        ),
+    ] = False,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Delete the run in --out (what simulate wrote there) and start over."),
+    ] = False,
 ) -> None:
     """Run a whole federation on this machine and write results.json, rounds.csv and accuracy.png."""
     opts = SimulateOptions(**locals())  # first statement: the locals are exactly the parameters
@@ -259,10 +275,23 @@ def simulate(opts: SimulateOptions) -> None:
     started = time.monotonic()
     out = opts.out.resolve()
     try:
+        if opts.resume and opts.force:
+            raise OutError("--resume and --force exclude each other: continue the run in --out or start over")
+        state = OutState.NEW if opts.force else check_out(opts, out)
         dataset = validate(opts)
-    except Exception as exc:  # DataError, PartitionError, bad options: one readable line
+    except Exception as exc:  # OutError, DataError, PartitionError, bad options: one readable line
         console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
+    if opts.force and (gone := wipe(out, keep=("data",))):
+        console.print(f"--force: deleted the previous run in {out} ({', '.join(gone)})", soft_wrap=True)
+    finished = _finished_results(out) if state is OutState.CONTINUE else None
+    if finished is not None:
+        console.print(
+            f"{out} holds this run, finished: its results below (nothing rerun; --force starts over)",
+            soft_wrap=True,
+        )
+        print_summary(finished, out)
+        return
     print_data(console, dataset, opts)
     run = Run.prepare(opts, out)
     procs = Processes(
@@ -291,6 +320,18 @@ def simulate(opts: SimulateOptions) -> None:
         procs.stop()
         signal.signal(signal.SIGTERM, old_term)
     print_summary(results, out)
+
+
+def _finished_results(out: Path) -> dict[str, Any] | None:
+    """results.json of a run whose every round closed (None: none, or a partial one)."""
+    try:
+        results = json.loads((out / "results.json").read_text())
+    except (OSError, ValueError):
+        return None
+    complete = results.get("status", "complete") == "complete"
+    return (
+        results if complete and len(results.get("rounds") or []) >= int(results["spec"]["rounds"]) else None
+    )
 
 
 def _federate(
@@ -352,7 +393,11 @@ def _continue_federation(admin: CoordinatorClient, run: Run) -> tuple[int, dict[
     """The federation simulation.json names: its id and spec."""
     fid = int(json.loads(run.state_path.read_text())["federation_id"])
     fed = admin.federation(fid)
-    console.print(f"continuing federation {fid} from {run.out} (round {fed['current_round']})")
+    console.print(
+        f"continuing federation {fid} from {run.out} (the same options; round {fed['current_round']} of "
+        f"{fed['rounds_total']})",
+        soft_wrap=True,
+    )
     return fid, fed["spec"]
 
 
@@ -381,6 +426,8 @@ def _create_federation(
             "measure_asr": opts.measure_asr,
         },
         "init_prompt": str(opts.init_prompt) if opts.init_prompt else None,
+        "options": recorded_options(opts),  # what a later command with this --out is compared with
+        "lr": spec.lr,  # the learning rate the run resolved (an unset --lr matches it)
     }
     run.state_path.write_text(json.dumps(setup, indent=2))
     return fid, admin.federation(fid)["spec"]

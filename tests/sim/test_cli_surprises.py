@@ -1,0 +1,106 @@
+"""The CLI surprises of issue 34, each pinned: simulate's --out guard, ... (no process is started)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from fedprompt.sim.options import SimulateOptions
+from fedprompt.sim.outdir import OutState, check_out, differences, recorded_options, wipe
+from fedprompt.sim.simulate import simulate_command
+from typer.testing import CliRunner
+
+runner = CliRunner()
+
+
+def _options(**over: Any) -> SimulateOptions:
+    """simulate's options as the command's defaults would make them, with `over` changed."""
+    params = inspect.signature(simulate_command).parameters
+    return SimulateOptions(**({name: p.default for name, p in params.items()} | over))
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command("simulate")(simulate_command)
+    app.command("other")(lambda: None)  # two commands: typer keeps the command's name
+    return app
+
+
+def _run_folder(out: Path, opts: SimulateOptions, lr: float = 0.01) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    setup = {"federation_id": 1, "clients": opts.clients, "options": recorded_options(opts), "lr": lr}
+    (out / "simulation.json").write_text(json.dumps(setup))
+    return out
+
+
+def _simulate(*args: str) -> Any:
+    return runner.invoke(_app(), ["simulate", "--dataset", "sst2", *args], catch_exceptions=False)
+
+
+def test_an_out_that_holds_a_run_with_other_options_is_refused_saying_what_differs(tmp_path: Path) -> None:
+    out = _run_folder(tmp_path / "sim", _options(dataset="sst2", lr=0.01, clients=4))
+    before = (out / "simulation.json").read_text()
+    done = _simulate("--lr", "0.05", "--clients", "3", "--out", str(out))
+    text = " ".join(done.output.split())
+    assert done.exit_code == 2, done.output
+    assert f"{out} holds a run with clients 4, lr 0.01; this command has clients 3, lr 0.05" in text
+    assert "--resume" in text and "--force" in text
+    assert "Traceback" not in text
+    assert (out / "simulation.json").read_text() == before  # nothing touched, nothing started
+    assert sorted(p.name for p in out.iterdir()) == ["simulation.json"]
+
+
+def test_resume_continues_only_the_same_options_and_only_a_run_that_exists(tmp_path: Path) -> None:
+    out = _run_folder(tmp_path / "sim", _options(dataset="sst2", rounds=3))
+    with pytest.raises(ValueError, match="rounds 3; this command has rounds 5"):
+        check_out(_options(dataset="sst2", rounds=5, resume=True), out)
+    assert check_out(_options(dataset="sst2", rounds=3, resume=True), out) is OutState.CONTINUE
+    assert check_out(_options(dataset="sst2", rounds=3, parallel=1, device="cpu"), out) is OutState.CONTINUE
+    with pytest.raises(ValueError, match="holds no run to continue"):
+        check_out(_options(resume=True), tmp_path / "empty")
+    assert check_out(_options(), tmp_path / "empty") is OutState.NEW
+
+
+def test_an_unset_lr_matches_the_lr_the_run_resolved() -> None:
+    stored = recorded_options(_options(lr=None))
+    assert differences(stored, recorded_options(_options(lr=0.01)), stored_lr=0.01) == []
+    assert differences(stored, recorded_options(_options(lr=0.3)), stored_lr=0.01) == ["lr"]
+
+
+def test_a_finished_run_rerun_shows_its_results_and_keeps_its_wall_seconds(tmp_path: Path) -> None:
+    opts = _options(dataset="sst2", rounds=1)
+    out = _run_folder(tmp_path / "sim", opts)
+    results = {
+        "spec": {"rounds": 1},
+        "rounds": [{"round": 1, "accuracy": 0.8}],
+        "initial_accuracy": 0.5,
+        "final_accuracy": 0.8,
+        "total_bytes_up": 1024,
+        "total_bytes_down": 2048,
+        "wall_seconds": 123.0,
+    }
+    (out / "results.json").write_text(json.dumps(results))
+    before = (out / "results.json").read_text()
+    done = _simulate("--rounds", "1", "--out", str(out))
+    assert done.exit_code == 0, done.output
+    assert "finished" in done.output and "done in 123s" in done.output
+    assert (out / "results.json").read_text() == before
+
+
+def test_force_deletes_only_what_simulate_wrote(tmp_path: Path) -> None:
+    out = _run_folder(tmp_path / "sim", _options())
+    for name in ("results.json", "fedprompt.db", "notes.txt"):
+        (out / name).write_text("x")
+    (out / "logs").mkdir()
+    (out / "logs" / "coordinator.log").write_text("x")
+    assert sorted(wipe(out)) == ["fedprompt.db", "logs", "results.json", "simulation.json"]
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_resume_and_force_together_are_refused(tmp_path: Path) -> None:
+    done = _simulate("--resume", "--force", "--out", str(tmp_path / "x"))
+    assert done.exit_code == 2 and "exclude each other" in done.output
