@@ -1,0 +1,207 @@
+"""The distribution: one top-level import (`fedprompt`), every folder of the source tree packaged, and a
+wheel that works on its own — built here, installed into a new virtual environment in an empty folder
+(no repository beside it, no data sets, no network), then `fedprompt --version`, a one-round
+`fedprompt demo` on the SST-2 copy inside the package, and a coordinator's `/healthz`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import httpx
+import pytest
+from fedprompt.shared.local import free_port
+
+from tests.helpers import wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ("coordinator", "worker", "shared", "sim", "migrations")
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def source_packages() -> list[str]:
+    """Every folder of the five parts that holds a file, as the package name it installs under."""
+    found = ["fedprompt"]
+    for part in PARTS:
+        for folder in sorted([ROOT / part, *(ROOT / part).rglob("*")]):
+            if not folder.is_dir() or "__pycache__" in folder.parts:
+                continue
+            if not any(p.is_file() and git_tracked(p) for p in folder.iterdir()):
+                continue
+            found.append("fedprompt." + ".".join(folder.relative_to(ROOT).parts))
+    return found
+
+
+def git_tracked(path: Path) -> bool:
+    done = subprocess.run(
+        ["git", "ls-files", "--error-unmatch", str(path.relative_to(ROOT))],
+        cwd=ROOT,
+        capture_output=True,
+    )
+    return done.returncode == 0
+
+
+def test_every_source_folder_is_a_listed_package() -> None:
+    listed = _pyproject()["tool"]["setuptools"]["packages"]
+    expected = source_packages()
+    assert sorted(listed) == sorted(expected), "pyproject.toml's packages should be:\n" + "\n".join(
+        f'  "{p}",' for p in expected
+    )
+
+
+def test_package_dirs_map_only_under_fedprompt() -> None:
+    dirs = _pyproject()["tool"]["setuptools"]["package-dir"]
+    assert dirs == {"fedprompt": "fedprompt", **{f"fedprompt.{p}": p for p in PARTS}}
+    assert isinstance(_pyproject()["project"]["license"], str)  # an SPDX expression, not a table
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    # the build is quiet: no setuptools deprecation banner, no folder missing from `packages`
+    assert "Deprecat" not in done.stderr and "absent from" not in done.stderr, done.stderr
+    (built,) = out.glob("fedprompt-*.whl")
+    return built
+
+
+def test_wheel_has_one_top_level_import_and_its_data(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names} == {"fedprompt", wheel.name.split("-py3")[0] + ".dist-info"}
+    top_level = zipfile.ZipFile(wheel).read(wheel.name.split("-py3")[0] + ".dist-info/top_level.txt")
+    assert top_level.decode().split() == ["fedprompt"]
+    for needed in (
+        "fedprompt/migrations/versions/0001_initial_schema.py",
+        "fedprompt/migrations/script.py.mako",
+        "fedprompt/coordinator/dashboard/templates/dashboard.html",
+        "fedprompt/coordinator/dashboard/static/vendor/uplot/uPlot.iife.min.js",
+        "fedprompt/worker/engine/configs/all-MiniLM-L6-v2/config.json",
+    ):
+        assert needed in names, needed
+    assert any(n.startswith("fedprompt/") and n.endswith("sst2/test.jsonl.gz") for n in names)
+
+
+@pytest.mark.slow
+def test_wheel_installs_and_runs_alone(wheel: Path, tmp_path: Path) -> None:
+    """A new venv in an empty folder: install the wheel with its `sim` extra, then use it."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    done = subprocess.run(
+        [*pip, "-c", str(ROOT / "constraints.txt"), f"{wheel}[sim]"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    home = tmp_path / "home"
+    work = tmp_path / "elsewhere"
+    home.mkdir()
+    work.mkdir()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("FEDPROMPT_DATASETS", "PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("PYTEST")
+    } | {
+        "HOME": str(home),
+        "XDG_DATA_HOME": str(home / "xdg"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PATH": f"{venv / 'bin'}:{os.environ['PATH']}",
+    }
+
+    def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(venv / "bin" / args[0]), *args[1:]],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    where = run(
+        "python",
+        "-c",
+        "import fedprompt.coordinator as c, fedprompt; print(c.__file__, fedprompt.__version__)",
+    )
+    assert where.returncode == 0, where.stderr
+    assert str(venv) in where.stdout and str(ROOT) not in where.stdout, where.stdout
+    for name in ("coordinator", "worker", "shared", "sim", "migrations"):  # no stray top-level modules
+        stray = run("python", "-c", f"import {name}")
+        assert stray.returncode != 0, f"the wheel installed a top-level {name!r}"
+
+    version = run("fedprompt", "--version")
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip() == f"fedprompt {wheel.name.split('-')[1]}"
+
+    demo = run(
+        "fedprompt",
+        "demo",
+        "--rounds",
+        "1",
+        "--local-steps",
+        "2",
+        "--train-limit",
+        "64",
+        "--out",
+        str(work / "demo"),
+        timeout=600,
+    )
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    results = json.loads((work / "demo" / "results.json").read_text())
+    assert results["rounds"][-1]["round"] == 1
+    assert 0.0 <= results["final_accuracy"] <= 1.0
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(venv / "bin" / "fedprompt-coordinator"), "serve", "--port", str(port)],
+        cwd=work,
+        env=env
+        | {
+            "FEDPROMPT_ADMIN_TOKEN": "a-long-enough-admin-token-for-the-wheel-test",
+            "FEDPROMPT_DATABASE_URL": f"sqlite:///{work / 'coordinator.db'}",
+            "FEDPROMPT_DATA_DIR": str(work / "data"),
+        },
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(healthy, 60, "the installed coordinator's /healthz")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
