@@ -9,6 +9,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/fedprompt
 WORKDIR /src
 COPY pyproject.toml constraints.txt README.md ./
+COPY fedprompt ./fedprompt
 COPY coordinator ./coordinator
 COPY shared ./shared
 COPY migrations ./migrations

@@ -18,6 +18,7 @@ COPY pyproject.toml constraints.txt README.md ./
 # torch first, from the variant's index, at the version constraints.txt pins.
 RUN /opt/fedprompt/bin/pip install --no-compile --index-url "${TORCH_INDEX_URL}" \
     "torch==$(sed -n 's/^torch==//p' constraints.txt)"
+COPY fedprompt ./fedprompt
 COPY coordinator ./coordinator
 COPY shared ./shared
 COPY migrations ./migrations

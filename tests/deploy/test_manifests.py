@@ -351,6 +351,7 @@ def test_the_build_context_keeps_what_the_images_copy_and_drops_the_rest() -> No
         "pyproject.toml",
         "constraints.txt",
         "README.md",
+        "fedprompt",
         "coordinator",
         "shared",
         "migrations",
