@@ -90,8 +90,24 @@ def loads(
     def constant(token: str) -> Any:
         raise JSONLimitError(f"{what} has {token}, which is not a JSON number")
 
+    def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(pairs)
+        if len(obj) != len(pairs):  # parsers disagree on which of two equal keys wins: refuse both
+            seen: set[str] = set()
+            twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+            raise JSONLimitError(
+                f"{what} has the key {twice[:64]!r} more than once; each key may appear once"
+            )
+        return obj
+
     try:
-        value = json.loads(raw, parse_int=number(int), parse_float=number(float), parse_constant=constant)
+        value = json.loads(
+            raw,
+            parse_int=number(int),
+            parse_float=number(float),
+            parse_constant=constant,
+            object_pairs_hook=unique_keys,
+        )
     except JSONLimitError:
         raise
     except json.JSONDecodeError as exc:

@@ -98,6 +98,20 @@ def test_a_safetensors_header_nested_100000_deep_is_422(world: World) -> None:
     assert "nested" in resp.json()["detail"]
 
 
+def test_a_tensor_named_twice_in_a_safetensors_header_is_422(world: World) -> None:
+    """Two header entries for one tensor name: which one a reader takes is up to the reader."""
+    header = (
+        b'{"__metadata__": {"format": "fedprompt/1"},'
+        b' "prompt": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},'
+        b' "prompt": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}'
+    )
+    path = f"/api/v1/federations/{world.fid}/rounds/1/update"
+    resp = hostile(
+        world, "PUT", path, expect=422, headers=world.client_h(), content=_blob(header, bytes(8)), markers=()
+    )
+    assert "more than once" in resp.json()["detail"]
+
+
 def test_metrics_with_a_5000_digit_number_is_422(world: World) -> None:
     body = wire.encode(
         random_tensors(SMALL_SPEC, 1),
@@ -117,6 +131,7 @@ def test_metrics_with_a_5000_digit_number_is_422(world: World) -> None:
         (b'{"name": "x", "rounds": ' + b"9" * 5000 + b"}", "9" * 64),
         (b'{"name": "x", "lr": 1e999}', "1e999"),
         (b'{"name": "\\ud800"}', "ud800"),
+        (b'{"name": "x", "rounds": 3, "rounds": 300000}', "300000"),
     ],
 )
 def test_json_bodies_past_the_limits_are_400(world: World, body: bytes, marker: str) -> None:

@@ -53,6 +53,8 @@ def restore_logging() -> Iterator[None]:
         (b'{"a": NaN}', "not a JSON number"),
         (b'{"a": "\\ud800"}', "surrogate"),
         (b'{"a": ', "not valid JSON"),
+        (b'{"a": 1, "b": {"c": 2, "c": 3}}', "key 'c' more than once"),
+        (b'{"round": 1, "round": 2}', "key 'round' more than once"),
         (b"\xff\xfe", "not valid JSON"),
     ],
 )
@@ -89,6 +91,9 @@ def _header_blob(header: bytes) -> bytes:
         b'{"__metadata__": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
         b'{"__metadata__": {"a": ' + b"1" * 5000 + b"}}",
         b'{"__metadata__": {"a": "\\udc00"}}',
+        # one tensor name twice: readers disagree on which entry is the tensor
+        b'{"p": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},'
+        b' "p": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}',
     ],
 )
 def test_a_hostile_safetensors_header_is_a_wire_error(header: bytes) -> None:
