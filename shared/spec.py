@@ -38,9 +38,16 @@ def client_steps(local_steps: int, local_epochs: float | None, num_samples: int,
     return max(1, min(local_steps, math.ceil(local_epochs * num_samples / batch_size)))
 
 
-def default_lr(scoring: str) -> float:
-    """The prompt's learning rate when the operator gives none, for the scoring the engine resolved."""
-    return MEAN_POOL_LR if scoring == "mean-pool" else PAPER_LR
+# Checkpoints without an MLM head: scoring "auto" reads their labels by mean-pool similarity.
+HEADLESS_ENCODERS = ("all-MiniLM-L6-v2",)
+
+
+def default_lr(scoring: str, model: str | None = None) -> float:
+    """The prompt's learning rate when none is given, the one rule of every path that makes a spec (REST,
+    `fedprompt federation create`, simulate): mean-pool scoring (asked for, or "auto" on a checkpoint
+    without an MLM head such as the default MiniLM) learns at 0.01, label words through a head at 0.3."""
+    headless = model is not None and model.rstrip("/").rsplit("/", 1)[-1] in HEADLESS_ENCODERS
+    return MEAN_POOL_LR if scoring == "mean-pool" or (scoring == "auto" and headless) else PAPER_LR
 
 
 # A name (of a federation, of a client): no control characters (NUL, newlines, escapes: Unicode's Cc),
@@ -325,10 +332,11 @@ class FederationSpec(BaseModel):
     )
     batch_size: int = Field(16, ge=1, le=4096)
     lr: float = Field(
-        PAPER_LR,
+        MEAN_POOL_LR,  # the default model's (_default_lr fills an unset lr by the rule)
         gt=0,
         le=100,
-        description="The prompt's AdamW learning rate (the paper: 0.3; mean-pool scoring learns at 0.01).",
+        description='The prompt\'s AdamW learning rate; default: 0.01 with mean-pool scoring (also "auto" on '
+        "a checkpoint without an MLM head, the default MiniLM), else the paper's 0.3.",
     )
     grad_clip: float = Field(1.0, ge=0, le=1e6)
     aggregation: AggregationSpec = Field(default_factory=AggregationSpec)
@@ -344,6 +352,14 @@ class FederationSpec(BaseModel):
     )
     seed: int = Field(0, ge=0, le=2**32 - 1)
     auto_advance: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_lr(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("lr") is None:
+            model = data.get("model", DEFAULT_MODEL)
+            data = {**data, "lr": default_lr(str(data.get("scoring", "auto")), str(model))}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> FederationSpec:

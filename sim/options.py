@@ -323,7 +323,7 @@ def federation_spec(opts: SimulateOptions, dataset: Dataset) -> tuple[Federation
     hidden, fingerprint, initial_blob, facts = model_facts(
         opts.model, opts.seed, kwargs, method_options, opts.init
     )
-    lr = opts.lr if opts.lr is not None else default_lr(facts["scoring"])
+    lr = opts.lr if opts.lr is not None else default_lr(facts["scoring"], opts.model)
     spec = build_spec(
         dataset_name=dataset.name,
         task=dataset.task,
