@@ -156,15 +156,26 @@ def federation_wait(
     ] = None,
     timeout: TimeoutOpt = 24 * 3600.0,
     interval: IntervalOpt = 2.0,
+    eval_wait: Annotated[
+        float,
+        typer.Option(
+            "--eval-wait",
+            min=0,
+            help="After the last round closes, wait up to this many seconds for every active client's "
+            "evaluation of its prompt (then return with what was reported).",
+        ),
+    ] = 300.0,
     url: UrlOpt = DEFAULT_URL,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Wait until the federation completes (or a round closes), with a progress bar over rounds."""
+    """Wait until the federation completes (or a round closes) and its evaluation is recorded, with a
+    progress bar over rounds."""
     with _client(url, token) as c:
         fed = _run(c.federation, federation)
         goal = min(until_round or fed["rounds_total"], fed["rounds_total"])
         give_up = _monotonic() + timeout
+        closed_at: float | None = None  # when the goal round was first seen closed
         with progress_bar(as_json) as progress:
             task = progress.add_task(fed["name"], total=goal, left="")
             while True:
@@ -172,14 +183,32 @@ def federation_wait(
                     task, completed=min(fed["latest_version"], goal), description=federation_line(fed)
                 )
                 if fed["state"] == "completed" or fed["latest_version"] >= goal:
-                    break
+                    closed_at = _monotonic() if closed_at is None else closed_at
+                    if _evaluated(fed, goal) or _monotonic() - closed_at >= eval_wait:
+                        break
+                    progress.update(task, description=f"{federation_line(fed)}: waiting for its evaluation")
                 if _monotonic() >= give_up:
                     err.print(f"[red]timeout:[/] {federation_line(fed)} after {timeout:g} s")
                     raise typer.Exit(EXIT_TIMEOUT)
                 _sleep(interval)
                 fed = _run(c.federation, federation)
+        if not _evaluated(fed, goal):
+            err.print(
+                f"[yellow]note:[/] not every active client had reported its evaluation after {eval_wait:g} s"
+            )
         rows = _run(c.rounds, federation) if not as_json else []
     _emit(fed, as_json, lambda _: rounds_table(rows))
+
+
+def _evaluated(fed: dict[str, Any], goal: int) -> bool:
+    """Whether the prompt of round `goal` (or a later one) has every active client's evaluation."""
+    latest = fed.get("latest") or {}
+    if (latest.get("round") or 0) > goal:
+        return True  # a later round closed: round `goal`'s evaluation is not the status's to show
+    evaluation = latest.get("evaluation") or {}
+    return evaluation.get("accuracy") is not None and int(evaluation.get("clients") or 0) >= int(
+        fed["clients"]["active"]
+    )
 
 
 @token_app.command("create")

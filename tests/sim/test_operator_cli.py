@@ -146,7 +146,7 @@ def test_federation_wait_until_completed_prints_the_rounds(
     steps = [lambda: world.upload(1, 0), lambda: world.upload(1, 1), lambda: world.upload(2, 0)]
     steps.append(lambda: world.upload(2, 1))
     world.script(monkeypatch, steps)
-    result = run("federation", "wait", "-f", str(world.fid), "--interval", "1")
+    result = run("federation", "wait", "-f", str(world.fid), "--interval", "1", "--eval-wait", "0")
     assert result.exit_code == 0, result.output
     assert "rounds" in result.stdout and "closed" in result.stdout  # the rich rounds table
     as_json = run("federation", "wait", "-f", str(world.fid), "--json")
