@@ -16,7 +16,7 @@ from fedprompt.coordinator.db import MAX_ID
 from fedprompt.coordinator.logic.specs import validate_spec
 from fedprompt.coordinator.logic.uploads import UploadReceipt
 from fedprompt.shared.spec import NAME_PATTERN, FederationSpec
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator
 
 __all__ = ["UploadReceipt"]  # an upload's answer: defined once, with the upload's checks
 
@@ -25,7 +25,19 @@ __all__ = ["UploadReceipt"]  # an upload's answer: defined once, with the upload
 # The largest model a worker may state at enrolment: 10 trillion parameters, well above any PLM.
 MAX_MODEL_PARAMETERS = 10**13
 
-IdPath = Annotated[int, Path(ge=0, le=MAX_ID, description="A non-negative 32-bit id or number.")]
+
+def ascii_decimal(value: Any) -> Any:
+    """A path id as written: ASCII digits only (``1.0``, ``+1``, ``1_0``, `` 1`` are not ids)."""
+    if isinstance(value, str) and not (value.isascii() and value.isdigit() and len(value) <= 10):
+        raise ValueError("an id is 1 to 10 ASCII digits (0-9), e.g. 12")
+    return value
+
+
+IdPath = Annotated[
+    int,
+    BeforeValidator(ascii_decimal),
+    Path(ge=0, le=MAX_ID, description="A non-negative 32-bit id or number (ASCII digits)."),
+]
 # A prompt version as a path or query parameter: a number (ASCII digits) or 'latest'.
 VERSION_PATTERN = r"^(?:latest|[0-9]{1,10})$"
 VersionPath = Annotated[str, Path(pattern=VERSION_PATTERN, description="A version number or 'latest'.")]

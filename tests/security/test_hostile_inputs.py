@@ -77,6 +77,11 @@ def _blob(header: bytes, data: bytes = b"") -> bytes:
         ("GET", "/api/v1/federations/{fid}/prompts/%C2%B2", "client", 422),
         ("GET", "/api/v1/federations/{fid}/export?version=%C2%B2", "admin", 422),
         ("GET", "/api/v1/federations/99999999999999999999999999", "admin", 422),
+        ("GET", "/api/v1/federations/{fid}.0", "admin", 422),  # was read as the id itself
+        ("GET", "/api/v1/federations/+{fid}", "admin", 422),
+        ("GET", "/api/v1/federations/%20{fid}", "admin", 422),
+        ("GET", "/api/v1/federations/{fid}/rounds/1.0", "admin", 422),
+        ("GET", "/api/v1/federations/{fid}/rounds/1_0", "admin", 422),
     ],
 )
 def test_path_ids_are_parsed_strictly(
