@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from fedprompt.coordinator.config import ConfigError, Settings, require_admin_token
+from fedprompt.coordinator.config import (
+    ConfigError,
+    Settings,
+    dev_token_line,
+    load_settings,
+    require_admin_token,
+)
 from fedprompt.shared.logs import LogFormatOption
 
 app = typer.Typer(help="fedprompt coordinator: federated rounds over HTTP.", no_args_is_help=True)
@@ -13,9 +19,9 @@ app = typer.Typer(help="fedprompt coordinator: federated rounds over HTTP.", no_
 
 def _settings() -> Settings:
     try:
-        return Settings()
-    except Exception as exc:  # pydantic's ValidationError: say which variable is wrong
-        typer.echo(f"error: invalid configuration: {exc}", err=True)
+        return load_settings()
+    except ConfigError as exc:  # one line: which variable is wrong, and its rule
+        typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
 
 
@@ -61,14 +67,15 @@ def serve(
     access_level = logging.getLevelName(log_level.upper())  # uvicorn's "trace" is not a stdlib level
     logging.getLogger("fedprompt.access").setLevel(access_level if isinstance(access_level, int) else 5)
 
-    settings = _settings()
+    before = _settings()
+    token_file_existed = (before.data_dir / "admin-token").exists()
     try:
-        settings = require_admin_token(settings, dev=dev)
+        settings = require_admin_token(before, dev=dev)
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     if dev:
-        typer.echo(f"dev mode: admin token in {settings.data_dir / 'admin-token'}", err=True)
+        typer.echo(dev_token_line(before, token_file_existed), err=True)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings.url)
     uvicorn.run(

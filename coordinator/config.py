@@ -8,7 +8,7 @@ import secrets
 from pathlib import Path
 
 from fedprompt.coordinator.ratelimit import parse_limits
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -152,7 +152,10 @@ class Settings(BaseSettings):
     @classmethod
     def _non_trivial(cls, v: SecretStr | None) -> SecretStr | None:
         if v is not None and len(v.get_secret_value()) < 16:
-            raise ValueError("FEDPROMPT_ADMIN_TOKEN must be at least 16 characters")
+            raise ValueError(
+                "FEDPROMPT_ADMIN_TOKEN must be at least 16 characters (e.g. python -c 'import secrets; "
+                "print(secrets.token_urlsafe(32))')"
+            )
         return v
 
     @field_validator("trusted_proxies")
@@ -183,6 +186,56 @@ class Settings(BaseSettings):
         """The admin token; only valid after ``require_admin_token``."""
         assert self.admin_token is not None
         return self.admin_token.get_secret_value()
+
+
+SECRET_SETTINGS = frozenset({"admin_token", "database_url"})  # their values are never echoed
+
+
+def config_error_line(exc: ValidationError, prefix: str = "FEDPROMPT_") -> str:
+    """A ValidationError of settings as one line: each wrong setting by its variable, and its rule
+    (no pydantic dump, no documentation link; a secret's value is never repeated)."""
+    parts = []
+    for error in exc.errors(include_url=False):
+        name = ".".join(str(p) for p in error["loc"]) or "settings"
+        message = error["msg"].removeprefix("Value error, ")
+        variable = f"{prefix}{name.upper()}"
+        if message.startswith(variable):  # the validator's message names it already
+            parts.append(message)
+            continue
+        given = error.get("input")
+        shown = "" if name in SECRET_SETTINGS or isinstance(given, dict) else f" (got {given!r})"
+        parts.append(f"{variable}: {message}{shown}")
+    return "; ".join(parts)
+
+
+def load_settings() -> Settings:
+    """Settings from the environment (and $FEDPROMPT_SECRETS_DIR), or a ConfigError of one line."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise ConfigError(f"invalid configuration: {config_error_line(exc)}") from None
+
+
+def admin_token_origin(settings: Settings) -> str:
+    """Where the admin token of `settings` (read before --dev's file) comes from, for the start-up line."""
+    if settings.admin_token is None:
+        return "none"
+    if os.environ.get("FEDPROMPT_ADMIN_TOKEN"):
+        return "the environment (FEDPROMPT_ADMIN_TOKEN)"
+    if os.environ.get(SECRETS_DIR_ENV):
+        return f"the secret file {Path(os.environ[SECRETS_DIR_ENV]) / 'fedprompt_admin_token'}"
+    return "the settings"
+
+
+def dev_token_line(before: Settings, token_file_existed: bool) -> str:
+    """What `serve --dev` says about the admin token: where it comes from, and how to use the file."""
+    path = before.data_dir / "admin-token"
+    if before.admin_token is not None:
+        return f"dev mode: admin token from {admin_token_origin(before)} (no file written)"
+    how = f"export FEDPROMPT_ADMIN_TOKEN=$(cat {path})"
+    if token_file_existed:
+        return f"dev mode: admin token read from {path}; for the fedprompt CLI: {how}"
+    return f"dev mode: admin token written to {path} (mode 0600); for the fedprompt CLI: {how}"
 
 
 def require_admin_token(settings: Settings, *, dev: bool) -> Settings:

@@ -47,3 +47,73 @@ def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path
     s = Settings()
     assert s.max_upload_bytes == 2048
     assert s.url == f"sqlite:///{(tmp_path / 'fedprompt.db').resolve()}"
+
+
+# -- issue 34: what serve says about the admin token, and configuration errors in one line ----------
+
+
+def _serve(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, env: dict[str, str], *args: str):  # type: ignore[no-untyped-def]
+    """`fedprompt-coordinator serve ARGS` in-process, uvicorn.run replaced by a no-op."""
+    import uvicorn
+    from fedprompt.coordinator import cli
+    from typer.testing import CliRunner
+
+    for key in [k for k in os.environ if k.startswith("FEDPROMPT_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("FEDPROMPT_DATA_DIR", str(tmp_path))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)
+    return CliRunner().invoke(cli.app, ["serve", *args, "--log-format", "json"])
+
+
+def test_dev_with_the_token_in_the_environment_says_so_and_writes_no_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    done = _serve(monkeypatch, tmp_path, {"FEDPROMPT_ADMIN_TOKEN": "x" * 20}, "--dev")
+    assert done.exit_code == 0, done.output
+    assert "admin token from the environment (FEDPROMPT_ADMIN_TOKEN)" in done.output
+    assert "admin token in" not in done.output
+    assert not (tmp_path / "admin-token").exists()
+
+
+def test_dev_that_writes_the_token_file_says_how_to_export_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    done = _serve(monkeypatch, tmp_path, {}, "--dev")
+    assert done.exit_code == 0, done.output
+    path = tmp_path / "admin-token"
+    assert path.exists()
+    assert f"admin token written to {path}" in done.output
+    assert f"export FEDPROMPT_ADMIN_TOKEN=$(cat {path})" in done.output
+    again = _serve(monkeypatch, tmp_path, {}, "--dev")
+    assert f"admin token read from {path}" in again.output
+
+
+@pytest.mark.parametrize(
+    ("env", "line"),
+    [
+        (
+            {"FEDPROMPT_ADMIN_TOKEN": "short"},
+            "error: invalid configuration: FEDPROMPT_ADMIN_TOKEN must be at least 16",
+        ),
+        (
+            {"FEDPROMPT_ADMIN_TOKEN": "x" * 20, "FEDPROMPT_PORT": "eighty"},
+            "error: invalid configuration: FEDPROMPT_PORT: Input should be a valid integer",
+        ),
+        (
+            {"FEDPROMPT_ADMIN_TOKEN": "x" * 20, "FEDPROMPT_MAX_UPLOAD_BYTES": "12"},
+            "FEDPROMPT_MAX_UPLOAD_BYTES: Input should be greater than or equal to 1024 (got '12')",
+        ),
+    ],
+)
+def test_a_configuration_error_is_one_line_naming_the_setting_and_its_rule(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, env: dict[str, str], line: str
+) -> None:
+    done = _serve(monkeypatch, tmp_path, env)
+    assert done.exit_code == 2
+    assert line in done.output
+    assert len(done.output.strip().splitlines()) == 1, done.output
+    assert (
+        "pydantic" not in done.output and "short" not in done.output.split("FEDPROMPT_ADMIN_TOKEN", 1)[-1][:5]
+    )
