@@ -49,7 +49,13 @@ LogFormatOption = Annotated[
 ]
 
 REQUEST_ID_HEADER = "x-request-id"
-_VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# A caller's request id is kept only when it cannot be a credential: a UUID (with or without dashes)
+# or a short label of at most 20 characters. Every token and session id this project issues is longer
+# (22+ random characters), so a cookie or bearer token pasted into X-Request-ID is never logged.
+_VALID_REQUEST_ID = re.compile(
+    r"^(?:[0-9a-fA-F]{32}|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+    r"|[A-Za-z0-9._:-]{1,20})$"
+)
 # Path parameters as they are named in routes → the log field they become.
 PATH_FIELDS = {"fid": "federation_id", "number": "round", "cid": "client_id"}
 QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -369,7 +375,8 @@ def _colors(stream: TextIO) -> bool:
 
 
 def request_id_from(value: str | None) -> str:
-    """The caller's X-Request-ID when it is a sane token, else a fresh one."""
+    """The caller's X-Request-ID when it is a UUID or a label of at most 20 characters (never the shape of
+    a credential), else a fresh one."""
     if value and _VALID_REQUEST_ID.match(value):
         return value
     return uuid.uuid4().hex

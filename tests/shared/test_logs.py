@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,11 @@ def test_request_ids_and_path_fields() -> None:
     assert request_id_from("abc-123") == "abc-123"
     assert len(request_id_from("has spaces and ;")) == 32
     assert len(request_id_from("x" * 200)) == 32
+    rid = "0f8fad5b-d9cb-469f-a165-70867728950e"
+    assert request_id_from(rid) == rid and request_id_from(rid.replace("-", "")) == rid.replace("-", "")
+    # a session id or a bearer token pasted into X-Request-ID is replaced, never logged
+    for secret in (secrets.token_urlsafe(16), "fpc_" + secrets.token_urlsafe(32), "x" * 21):
+        assert request_id_from(secret) != secret and len(request_id_from(secret)) == 32
     assert path_fields({"fid": "3", "number": "2", "cid": "7", "other": "x"}) == {
         "federation_id": 3,
         "round": 2,
