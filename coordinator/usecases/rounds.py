@@ -62,12 +62,7 @@ class RoundCycle:
                 raise Conflict(f"round {current.number} is still open; close it first (POST …/close)")
             rnd = self.advance(s, fed, manual=True)
             if rnd is None:
-                available = s.scalar(select(func.count(Client.id)).where(*self._availability(fed, spec)))
-                raise Conflict(
-                    f"cannot open a round: {available} client(s) available, the federation needs "
-                    f"{spec.min_clients} (min_clients) or {spec.expected_clients} (expected_clients) for round 1; "
-                    "enrol more workers"
-                )
+                raise Conflict(self._not_enough_clients(s, fed, spec))
             rid = rnd.id
         return self.reads.round_detail(fid, rid=rid)
 
@@ -134,6 +129,28 @@ class RoundCycle:
             fed.state = "completed"
             return None
         return self._start_round(s, fed, number, attempt)
+
+    def _not_enough_clients(self, s: Session, fed: Federation, spec: FederationSpec) -> str:
+        """Why the next round cannot open: the clients it needs, those enrolled and those available."""
+        number = self._next_round(s, fed)[0]
+        first = number == 1 and spec.expected_clients is not None
+        needed, rule = (
+            (spec.expected_clients, "expected_clients") if first else (spec.min_clients, "min_clients")
+        )
+        enrolled = s.scalar(
+            select(func.count(Client.id)).where(Client.federation_id == fed.id, Client.revoked_at.is_(None))
+        )
+        available = s.scalar(select(func.count(Client.id)).where(*self._availability(fed, spec)))
+        advice = (
+            f"enrol {needed - enrolled} more worker(s)"
+            if enrolled < needed
+            else "start the enrolled workers (a client is available once it has polled within "
+            f"{spec.availability_timeout_s:g} s)"
+        )
+        return (
+            f"cannot open round {number}: it needs {needed} available client(s) ({rule}); {enrolled} enrolled, "
+            f"{available} available; {advice}"
+        )
 
     def _availability(self, fed: Federation, spec: FederationSpec) -> tuple[Any, ...]:
         """Where-clauses of the clients that count as available now."""
