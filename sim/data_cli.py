@@ -3,7 +3,7 @@ the paper's eight sets from the Hugging Face hub (`fetch`).
 
 Bare data set names are looked up in $FEDPROMPT_DATASETS, then in the user's data folder
 ($XDG_DATA_HOME/fedprompt/datasets, else ~/.local/share/fedprompt/datasets), where `import` and
-`fetch` write unless --dest says otherwise.
+`fetch` write unless --dest says otherwise, then in the data sets built into the package (SST-2).
 """
 
 from __future__ import annotations
@@ -57,18 +57,30 @@ def _rows(n: int | None) -> str:
 def list_command(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")] = False,
 ) -> None:
-    """The packed data sets found (name, task, labels, rows per split, size, source, folder) and the
-    paper's sets that can be fetched."""
+    """The packed data sets found (name, task, labels, rows per split, size, where each comes from: built-in,
+    $FEDPROMPT_DATASETS or the user's data folder, source, folder) and the paper's sets that can be fetched."""
     from fedprompt.sim.hub import HUB_SETS
-    from fedprompt.worker.data import DATASETS_ENV, dataset_dirs, packed_folders, user_datasets_dir
+    from fedprompt.worker.data import (
+        DATASETS_ENV,
+        builtin_datasets_dir,
+        dataset_dirs,
+        dataset_origin,
+        packed_folders,
+        user_datasets_dir,
+    )
     from fedprompt.worker.data.pack import describe
 
     dirs = dataset_dirs()
-    found = [describe(folder) for folder in packed_folders(dirs).values()]
+    found = [describe(folder) | {"from": dataset_origin(folder)} for folder in packed_folders(dirs).values()]
     fetchable = [name for name in HUB_SETS if name not in {d["name"] for d in found}]
+    builtin = sorted(packed_folders([builtin_datasets_dir()]))
+    # built-in sets a copy in $FEDPROMPT_DATASETS or the user's data folder takes precedence over
+    shadowed = [d for d in found if d["name"] in builtin and d["from"] != "built-in"]
     if as_json:
         payload = {
             "searched": [str(d) for d in dirs],
+            "builtin": str(builtin_datasets_dir()),
+            "builtin_datasets": builtin,
             "writes_to": str(user_datasets_dir()),
             "datasets": found,
             "fetchable": fetchable,
@@ -77,7 +89,10 @@ def list_command(
         return
     import os
 
-    searched = ", ".join(f"{d}{'' if d.is_dir() else ' (absent)'}" for d in dirs)
+    searched = ", ".join(
+        ("built-in " if d == builtin_datasets_dir() else "") + f"{d}{'' if d.is_dir() else ' (absent)'}"
+        for d in dirs
+    )
     if not os.environ.get(DATASETS_ENV):
         searched = f"${DATASETS_ENV} (unset), {searched}"
     if not found:
@@ -94,13 +109,25 @@ def list_command(
             console.print(
                 escape(
                     f"{d['name']:<{width}}  {d['task']:<6}  train {_rows(d['train']):>7}  test {_rows(d['test']):>6}  "
-                    f"{_size(d['bytes']):>9}  labels {', '.join(d['labels'] or [])}  ({Path(d['folder']).parent})"
+                    f"{_size(d['bytes']):>9}  labels {', '.join(d['labels'] or [])}  "
+                    f"({d['from']}: {Path(d['folder']).parent})"
                 ),
                 soft_wrap=True,
             )
             if d["source"]:
                 console.print(escape(f"{'':<{width}}  {d['source']}"), soft_wrap=True, style="dim")
         console.print(escape(f"looked in {searched}"), soft_wrap=True)
+        if builtin:
+            over = "".join(
+                f"; {d['name']} is read from {d['from']} ({d['folder']}) instead" for d in shadowed
+            )
+            console.print(
+                escape(
+                    f"built-in: {', '.join(builtin)}, shipped with the package for the demo (source and terms in "
+                    f"SOURCE.md beside each); a copy in ${DATASETS_ENV} or the user's data folder comes first{over}"
+                ),
+                soft_wrap=True,
+            )
     if fetchable:
         console.print(
             escape(f"not installed, fetchable from the Hugging Face hub: {', '.join(fetchable)} ")

@@ -10,15 +10,38 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# The packed data sets the tests name live beside the repository on the development and CI machines
-# (the product itself looks in $FEDPROMPT_DATASETS and the user's data folder only).
-_SHARED_DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
-if _SHARED_DATASETS.is_dir():
-    os.environ.setdefault("FEDPROMPT_DATASETS", str(_SHARED_DATASETS))
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 PG_ADMIN_URL = os.environ.get("FEDPROMPT_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+# Data: tests read rows from the committed slices in tests/fixtures/datasets (`tests.fixtures`), and a bare
+# name like "sst2" resolves as the product resolves it ($FEDPROMPT_DATASETS, the user's data folder, the
+# built-in SST-2). Tests that need a whole packed set (its size, an accuracy on it, a set other than the
+# built-in SST-2) are marked `needs_datasets`: they run when $FEDPROMPT_DATASETS names the folder of the
+# full packed sets (CI sets it) and are skipped, with NEEDS_DATASETS as the one reason, otherwise.
+FULL_DATASETS = os.environ.get("FEDPROMPT_DATASETS") or None
+NEEDS_DATASETS = "needs the full packed data sets: set FEDPROMPT_DATASETS"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"needs_datasets: {NEEDS_DATASETS} (skipped when it is unset)")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("needs_datasets") is not None and FULL_DATASETS is None:
+        pytest.skip(NEEDS_DATASETS)
+
+
+@pytest.fixture
+def full_datasets() -> Path:
+    """The folder of the full packed data sets ($FEDPROMPT_DATASETS as the session started); mark the test
+    `needs_datasets` so it is skipped, not failed, when the variable is unset."""
+    if FULL_DATASETS is None:
+        pytest.skip(NEEDS_DATASETS)
+    folder = Path(FULL_DATASETS)
+    assert folder.is_dir(), f"$FEDPROMPT_DATASETS={FULL_DATASETS} is not a folder"
+    return folder
 
 
 def _pg_available() -> bool:

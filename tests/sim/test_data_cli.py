@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 from fedprompt.sim.data_cli import data_app
 from fedprompt.sim.hub import HUB_SETS
-from fedprompt.worker.data import datasets_dir, load_dataset
+from fedprompt.worker.data import builtin_datasets_dir, load_dataset
 from fedprompt.worker.data.pack import verify
 from typer.testing import CliRunner
+
+from tests import fixtures
 
 runner = CliRunner()
 
@@ -30,8 +32,7 @@ def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _rows(name: str, split: str, n: int) -> list[dict[str, Any]]:
-    with gzip.open(datasets_dir() / name / f"{split}.jsonl.gz", "rt", encoding="utf-8") as fh:
-        return [json.loads(line) for line, _ in zip(fh, range(n), strict=False)]
+    return fixtures.rows(name, split, n)
 
 
 def _one_line(text: str) -> str:
@@ -40,16 +41,35 @@ def _one_line(text: str) -> str:
     return lines[0]
 
 
-def test_list_without_data_says_none_are_installed_and_where_they_would_go(user_dir: Path) -> None:
+def test_list_without_data_shows_the_built_in_sst2_and_where_the_others_would_go(user_dir: Path) -> None:
     done = runner.invoke(data_app, ["list"])
 
     assert done.exit_code == 0, done.output
-    assert "no data sets installed" in done.output and "$FEDPROMPT_DATASETS (unset)" in done.output
-    assert str(user_dir) in done.output
+    (sst2,) = [line for line in done.output.splitlines() if line.startswith("sst2 ")]
+    assert "train  67,349  test    872" in sst2 and f"(built-in: {builtin_datasets_dir()})" in sst2
+    assert "$FEDPROMPT_DATASETS (unset)" in done.output and str(user_dir) in done.output
+    assert "built-in: sst2, shipped with the package for the demo" in done.output
     assert (
-        "fetchable from the Hugging Face hub: sst2, imdb, offenseval, twitter, enron, lingspam, qnli, rte"
+        "fetchable from the Hugging Face hub: imdb, offenseval, twitter, enron, lingspam, qnli, rte"
         in done.output
     )
+    as_json = json.loads(runner.invoke(data_app, ["list", "--json"]).output)
+    assert [(d["name"], d["from"]) for d in as_json["datasets"]] == [("sst2", "built-in")]
+    assert as_json["builtin_datasets"] == ["sst2"] and as_json["searched"][-1] == str(builtin_datasets_dir())
+
+
+def test_list_says_which_copy_of_sst2_is_read_when_the_env_folder_has_one(
+    user_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FEDPROMPT_DATASETS", str(fixtures.DATASETS))
+
+    done = runner.invoke(data_app, ["list"])
+
+    assert done.exit_code == 0, done.output
+    (sst2,) = [line for line in done.output.splitlines() if line.startswith("sst2 ")]
+    assert f"($FEDPROMPT_DATASETS: {fixtures.DATASETS})" in sst2 and "train     400  test    100" in sst2
+    assert f"sst2 is read from $FEDPROMPT_DATASETS ({fixtures.DATASETS / 'sst2'}) instead" in done.output
+    assert "fetchable" not in done.output  # all eight are there
 
 
 def test_import_packs_a_file_that_list_shows_and_names_load(user_dir: Path, tmp_path: Path) -> None:
@@ -74,7 +94,11 @@ def test_import_packs_a_file_that_list_shows_and_names_load(user_dir: Path, tmp_
     again = runner.invoke(data_app, ["import", str(path), "--name", "mail", "--text-column", "body", "--label-column", "kind"])  # fmt: skip
     assert again.exit_code == 2 and "--force" in _one_line(again.output)
     as_json = json.loads(runner.invoke(data_app, ["list", "--json"]).output)
-    assert [d["name"] for d in as_json["datasets"]] == ["mail"] and as_json["writes_to"] == str(user_dir)
+    assert [(d["name"], d["from"]) for d in as_json["datasets"]] == [
+        ("mail", "user data folder"),
+        ("sst2", "built-in"),
+    ]
+    assert as_json["writes_to"] == str(user_dir)
 
 
 def test_import_of_a_bad_file_is_one_line(user_dir: Path, tmp_path: Path) -> None:
@@ -216,5 +240,5 @@ def test_fetched_files_are_the_same_bytes_each_time(
 def test_every_paper_set_has_a_mapping_whose_labels_match_the_packed_ones() -> None:
     assert list(HUB_SETS) == ["sst2", "imdb", "offenseval", "twitter", "enron", "lingspam", "qnli", "rte"]
     for name, hub in HUB_SETS.items():
-        meta = json.loads((datasets_dir() / name / "meta.json").read_text())
+        meta = json.loads((fixtures.DATASETS / name / "meta.json").read_text())
         assert (list(hub.labels), hub.task) == (meta["labels"], meta["task"]), name

@@ -14,7 +14,9 @@ import pytest
 from fedprompt.sim.data_options import resolve_data, shard_lines
 from fedprompt.sim.options import build_spec
 from fedprompt.sim.results import run_facts
-from fedprompt.worker.data import DataError, LabelWordError, MissingDataset, datasets_dir
+from fedprompt.worker.data import DataError, LabelWordError, MissingDataset, builtin_datasets_dir
+
+from tests import fixtures
 
 MODEL = "all-MiniLM-L6-v2"
 
@@ -78,8 +80,7 @@ def test_a_folder_of_ones_own_without_label_words_gets_the_one_piece_error(tmp_p
 
 
 def test_a_csv_is_packed_into_the_run_folder_with_its_held_out_split(tmp_path: Path) -> None:
-    with gzip.open(datasets_dir() / "sst2" / "train.jsonl.gz", "rt") as fh:
-        rows = [json.loads(line) for line, _ in zip(fh, range(100), strict=False)]
+    rows = fixtures.rows("sst2", "train", 100)
     path = tmp_path / "reviews.csv"
     with path.open("w", newline="") as fh:
         writer = csv.writer(fh)
@@ -107,9 +108,21 @@ def test_a_missing_packed_name_is_one_line_with_the_ways_to_get_it(
     monkeypatch.delenv("FEDPROMPT_DATASETS", raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
 
-    with pytest.raises(MissingDataset, match="fedprompt data fetch sst2") as caught:
-        resolve_data(_opts(tmp_path), tmp_path / "run")
-    assert "\n" not in str(caught.value)
+    with pytest.raises(MissingDataset, match="fedprompt data fetch imdb") as caught:
+        resolve_data(_opts(tmp_path, dataset="imdb"), tmp_path / "run")
+    assert "\n" not in str(caught.value) and "available: sst2" in str(caught.value)
+
+
+def test_sst2_by_name_is_the_built_in_copy_when_nothing_else_has_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("FEDPROMPT_DATASETS", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+
+    dataset = resolve_data(_opts(tmp_path), tmp_path / "run")
+
+    assert dataset.folder == builtin_datasets_dir() / "sst2" and dataset.name == "sst2"
+    assert dataset.labels == ("negative", "positive") and dataset.template == "{text} It was [MASK]."
 
 
 def test_a_missing_file_is_an_error(tmp_path: Path) -> None:

@@ -14,12 +14,19 @@ from fedprompt.worker.data import (
     DataError,
     Example,
     MissingDataset,
+    builtin_datasets_dir,
+    dataset_dirs,
+    dataset_origin,
     datasets_dir,
     load_dataset,
     load_table,
     preset_for,
+    resolve_dataset,
     user_datasets_dir,
 )
+from fedprompt.worker.data.pack import sha256_file
+
+from tests import fixtures
 
 
 def write_packed(
@@ -89,13 +96,34 @@ def test_a_missing_name_says_where_it_looked_and_how_to_get_it(
     monkeypatch.delenv(DATASETS_ENV, raising=False)
 
     with pytest.raises(MissingDataset) as caught:
-        load_dataset("sst2")
+        load_dataset("imdb")
 
     message = str(caught.value)
     assert "\n" not in message
     assert f"${DATASETS_ENV} (unset)" in message and str(tmp_path / "xdg") in message
-    assert "no data sets are installed" in message
-    assert "fedprompt data fetch sst2" in message and "CSV/TSV/JSONL" in message
+    assert f"built-in {builtin_datasets_dir()}" in message and "available: sst2)" in message
+    assert "fedprompt data fetch imdb" in message and "CSV/TSV/JSONL" in message
+
+
+def test_sst2_resolves_to_the_env_folder_then_the_user_folder_then_the_built_in_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv(DATASETS_ENV, raising=False)
+    builtin = builtin_datasets_dir() / "sst2"
+    assert dataset_dirs() == [user_datasets_dir(), builtin_datasets_dir()]
+    assert resolve_dataset("sst2") == builtin and dataset_origin(builtin) == "built-in"
+
+    mine = write_packed(user_datasets_dir(), "sst2")
+    assert resolve_dataset("sst2") == mine and dataset_origin(mine) == "user data folder"
+    assert len(load_dataset("sst2")) == 3
+
+    monkeypatch.setenv(DATASETS_ENV, str(tmp_path / "env"))
+    theirs = write_packed(tmp_path / "env", "sst2")
+    assert resolve_dataset("sst2") == theirs and dataset_origin(theirs) == f"${DATASETS_ENV}"
+    # an explicit folder is the only one looked in
+    with pytest.raises(MissingDataset):
+        load_dataset("sst2", datasets_dir=tmp_path / "empty")
 
 
 def test_the_product_looks_for_no_data_sets_beside_the_repository() -> None:
@@ -106,16 +134,35 @@ def test_the_product_looks_for_no_data_sets_beside_the_repository() -> None:
             assert "shared/datasets" not in text and '"shared" / "datasets"' not in text, path
 
 
-def test_real_sst2_test_split_loads() -> None:
-    assert (datasets_dir() / "sst2").is_dir(), (
-        f"the shared data sets must be at {datasets_dir()} (or $FEDPROMPT_DATASETS)"
+def test_the_built_in_sst2_is_the_whole_set_with_its_source_and_terms(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv(DATASETS_ENV, raising=False)
+
+    test, train = load_dataset("sst2", "test"), load_dataset("sst2", "train")
+
+    assert (len(test), test.label_counts()) == (872, [428, 444])
+    assert (len(train), train.label_counts()) == (67349, [29780, 37569])
+    assert train.label_names == ["negative", "positive"] and train.task == "single"
+    folder = builtin_datasets_dir() / "sst2"
+    assert resolve_dataset("sst2") == folder
+    assert train.meta["splits"]["train"]["rows"] == 67349 and "Socher et al. 2013" in train.meta["source"]
+    terms = (folder / "SOURCE.md").read_text()
+    assert (
+        "Socher et al. 2013" in terms
+        and "## Terms" in terms
+        and train.meta["origin"].split()[1].split("@")[0] in terms
     )
+    for name in ("train.jsonl.gz", "test.jsonl.gz", "meta.json"):  # the checksums SOURCE.md states
+        assert sha256_file(folder / name) in terms, name
 
-    data = load_dataset("sst2", "test")
 
-    assert len(data) == 872
-    assert data.label_names == ["negative", "positive"]
-    assert data.label_counts() == [428, 444]
+@pytest.mark.needs_datasets
+def test_the_built_in_sst2_is_byte_for_byte_the_full_packed_set(full_datasets: Path) -> None:
+    for name in ("train.jsonl.gz", "test.jsonl.gz", "meta.json"):
+        shipped, full = builtin_datasets_dir() / "sst2" / name, full_datasets / "sst2" / name
+        assert shipped.read_bytes() == full.read_bytes(), name
 
 
 def test_unknown_dataset_name_lists_the_available_ones(tmp_path: Path) -> None:
@@ -237,13 +284,13 @@ def test_data_error_is_a_value_error() -> None:
 
 
 def test_every_packed_dataset_has_a_fitting_preset() -> None:
-    root = datasets_dir()
-    assert root.is_dir(), f"the shared data sets must be at {root} (or $FEDPROMPT_DATASETS)"
     from fedprompt.worker.engine import resolve_model
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("all-MiniLM-L6-v2"))
-    for folder in sorted(p for p in root.iterdir() if (p / "meta.json").is_file()):
+    folders = sorted(p for p in fixtures.DATASETS.iterdir() if (p / "meta.json").is_file())
+    assert [f.name for f in folders] == sorted(PRESETS) == sorted(fixtures.NAMES)
+    for folder in [*folders, builtin_datasets_dir() / "sst2"]:
         meta = json.loads((folder / "meta.json").read_text())
         preset = preset_for(folder.name, meta["task"], meta["labels"])
         assert folder.name in PRESETS and preset is not None

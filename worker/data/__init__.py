@@ -1,12 +1,15 @@
 """Data for the worker: packed data sets, a user's own tables, presets and label words, client partitions."""
 
 from fedprompt.worker.data.dataset import (
+    BUILTIN_DATASETS_DIR,
     DATASETS_ENV,
     DataError,
     Example,
     MissingDataset,
     TextDataset,
+    builtin_datasets_dir,
     dataset_dirs,
+    dataset_origin,
     datasets_dir,
     load_dataset,
     load_table,
@@ -28,6 +31,7 @@ from fedprompt.worker.data.source import DataSource, Splits, is_table, load_sour
 from fedprompt.worker.data.verbalizer import LabelWordError, choose_prompt, parse_verbalizer
 
 __all__ = [
+    "BUILTIN_DATASETS_DIR",
     "DATASETS_ENV",
     "PRESETS",
     "DataError",
@@ -40,8 +44,10 @@ __all__ = [
     "Scheme",
     "Splits",
     "TextDataset",
+    "builtin_datasets_dir",
     "choose_prompt",
     "dataset_dirs",
+    "dataset_origin",
     "datasets_dir",
     "generic_template",
     "iid",

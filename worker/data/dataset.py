@@ -2,7 +2,8 @@
 
 A packed data set is a folder with meta.json ("task": single | pair, "labels": names in id order) and
 train.jsonl.gz / test.jsonl.gz, one {"text", "label"} (or {"text_a", "text_b", "label"}) object a line.
-Bare names are looked up in $FEDPROMPT_DATASETS, then in the user's data folder (`user_datasets_dir`).
+Bare names are looked up in $FEDPROMPT_DATASETS, then in the user's data folder (`user_datasets_dir`), then
+in the data sets that ship inside the package (`builtin_datasets_dir`: SST-2, the demo's data).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import numpy as np
 
 Task = Literal["single", "pair"]
 DATASETS_ENV = "FEDPROMPT_DATASETS"
+# Packed data sets installed with the package (package data; their source and terms in SOURCE.md beside them).
+BUILTIN_DATASETS_DIR = Path(__file__).resolve().parent / "builtin"
 
 
 class DataError(ValueError):
@@ -101,13 +104,32 @@ def user_datasets_dir() -> Path:
     return Path(base) / "fedprompt" / "datasets"
 
 
+def builtin_datasets_dir() -> Path:
+    """The folder of the packed data sets that ship inside the package (SST-2, the demo's data)."""
+    return BUILTIN_DATASETS_DIR
+
+
 def dataset_dirs(override: str | os.PathLike[str] | None = None) -> list[Path]:
     """The folders bare data set names are looked up in, in order: the argument alone when given, else
-    $FEDPROMPT_DATASETS (when set) and then the user's data folder."""
+    $FEDPROMPT_DATASETS (when set), the user's data folder and the package's built-in data sets."""
     if override is not None:
         return [Path(override)]
     env = os.environ.get(DATASETS_ENV)
-    return [Path(env), user_datasets_dir()] if env else [user_datasets_dir()]
+    return [*([Path(env)] if env else []), user_datasets_dir(), builtin_datasets_dir()]
+
+
+def dataset_origin(folder: str | os.PathLike[str]) -> str:
+    """Where a packed data set folder was found: 'built-in', '$FEDPROMPT_DATASETS', 'user data folder'
+    or 'folder' (any other path)."""
+    parent = Path(folder).resolve().parent
+    env = os.environ.get(DATASETS_ENV)
+    if parent == builtin_datasets_dir():
+        return "built-in"
+    if env and parent == Path(env).resolve():
+        return f"${DATASETS_ENV}"
+    if parent == user_datasets_dir().resolve():
+        return "user data folder"
+    return "folder"
 
 
 def datasets_dir(override: str | os.PathLike[str] | None = None) -> Path:
@@ -132,7 +154,10 @@ class MissingDataset(DataError):
 
 
 def _where(dirs: Sequence[Path], override: bool) -> str:
-    shown = [str(d) + ("" if d.is_dir() else " (absent)") for d in dirs]
+    shown = [
+        ("built-in " if d == builtin_datasets_dir() else "") + str(d) + ("" if d.is_dir() else " (absent)")
+        for d in dirs
+    ]
     if not override and not os.environ.get(DATASETS_ENV):
         shown.insert(0, f"${DATASETS_ENV} (unset)")
     return ", ".join(shown)
