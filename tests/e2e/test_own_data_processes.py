@@ -6,7 +6,6 @@ what was measured."""
 from __future__ import annotations
 
 import csv
-import gzip
 import json
 import signal
 import subprocess
@@ -15,7 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from fedprompt.worker.data import datasets_dir
+
+from tests import fixtures
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -24,8 +24,7 @@ COLUMNS = ["--text-column", "sentence", "--label-column", "sentiment"]
 
 
 def _csv(path: Path, rows: int, names: tuple[str, str]) -> Path:
-    with gzip.open(datasets_dir() / "sst2" / "train.jsonl.gz", "rt", encoding="utf-8") as fh:
-        picked = [json.loads(line) for line, _ in zip(fh, range(rows), strict=False)]
+    picked = fixtures.rows("sst2", "train", rows)
     with path.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
         writer.writerow(["sentence", "sentiment"])

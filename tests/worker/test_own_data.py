@@ -4,8 +4,6 @@ split, the packed format written with checksums, and label words taken from the 
 from __future__ import annotations
 
 import csv
-import gzip
-import json
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,6 @@ from fedprompt.worker.data import (
     DataSource,
     LabelWordError,
     choose_prompt,
-    datasets_dir,
     load_dataset,
     load_source,
     load_splits,
@@ -25,12 +22,13 @@ from fedprompt.worker.data.pack import describe, verify, write_packed
 from fedprompt.worker.data.source import hold_out, table_name
 from fedprompt.worker.data.verbalizer import load_tokenizer, word_pieces
 
+from tests import fixtures
+
 MODEL = "all-MiniLM-L6-v2"
 
 
 def sst2_rows(n: int, split: str = "train") -> list[dict]:
-    with gzip.open(datasets_dir() / "sst2" / f"{split}.jsonl.gz", "rt", encoding="utf-8") as fh:
-        return [json.loads(line) for line, _ in zip(fh, range(n), strict=False)]
+    return fixtures.rows("sst2", split, n)
 
 
 def write_csv(path: Path, rows: list[dict], names: tuple[str, str], delimiter: str = ",") -> Path:
