@@ -1,8 +1,9 @@
-"""docs/configuration.md is what docs/gen_configuration.py writes from the code (Settings and the CLIs)."""
+"""docs/configuration.md is what docs/gen_configuration.py writes from the code; the docs' links resolve."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,3 +33,28 @@ def test_every_coordinator_setting_is_described() -> None:
         assert info.description or name in gen.FALLBACK, f"Settings.{name} has no description"
         assert f"`FEDPROMPT_{name.upper()}`" in page
     assert not set(gen.FALLBACK) - set(Settings.model_fields), "FALLBACK names a setting that is gone"
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def test_links_of_the_readme_and_docs_resolve() -> None:
+    """Every relative link of README.md and docs/*.md names a file (and a heading) that exists."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#") and not target[1:]:
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            if not resolved.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+            elif anchor and resolved.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", resolved.read_text(), re.M)
+                if anchor not in {_anchor(h) for h in headings}:
+                    broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)

@@ -1,6 +1,8 @@
-"""Parameter counts from configs alone, and the communication table the README shows."""
+"""Parameter counts from configs alone, and the communication table docs/methods.md shows."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from fedprompt.worker.engine.params import comm_table, count_parameters, load_config, markdown
@@ -41,3 +43,9 @@ def test_markdown_has_a_row_per_model_and_method() -> None:
     text = markdown(comm_table(("all-MiniLM-L6-v2",), 20))
     assert "| all-MiniLM-L6-v2 | 22,713,216 | prompt tuning | 7,680 | 0.0338 % |" in text
     assert len(text.splitlines()) == 2 + 4
+
+
+def test_docs_methods_shows_the_computed_table() -> None:
+    """docs/methods.md's communication table is what `fedprompt comm-table` prints."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "methods.md").read_text()
+    assert markdown(comm_table()) in page
