@@ -18,6 +18,7 @@ from fedprompt.coordinator.api.body_limit import BodyLimitMiddleware
 from fedprompt.coordinator.api.longpoll import TaskPoll
 from fedprompt.coordinator.api.perloop import PerLoop
 from fedprompt.coordinator.api.routes import clients, dashboard, export, federations, health, rounds, secagg
+from fedprompt.coordinator.apidocs import mount_api_docs
 from fedprompt.coordinator.config import Settings
 from fedprompt.coordinator.dashboard import STATIC_DIR
 from fedprompt.coordinator.db import make_engine, make_sessionmaker
@@ -84,6 +85,8 @@ def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
         description="Federated prompt tuning: rounds, enrolment, uploads and aggregation of soft prompts.",
         lifespan=lifespan,
         dependencies=[Depends(bind_route_context)],
+        docs_url=None,  # /docs and /redoc from the package's own assets (mount_api_docs), not a CDN
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.service = service
@@ -102,6 +105,7 @@ def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
     for module in (health, federations, clients, rounds, secagg, export, dashboard):
         app.include_router(module.router)
     app.mount("/dashboard/static", StaticFiles(directory=STATIC_DIR), name="dashboard-static")
+    mount_api_docs(app)
     # Added innermost first: the request id and log context wrap everything, metrics see every
     # response, and bodies over the limit are refused before any route reads them. No CORS
     # middleware: browsers refuse cross-origin calls (the dashboard is served from the same origin).

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Response
+from fedprompt.coordinator.apidocs import mount_api_docs
 from fedprompt.worker.pool import Pool
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -56,7 +57,8 @@ def create_app(pool: Pool, metrics: WorkerMetrics) -> FastAPI:
         yield
         pool.stop()
 
-    app = FastAPI(title="fedprompt worker", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="fedprompt worker", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    mount_api_docs(app)  # /docs and /redoc from the package's assets, not a CDN
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
