@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -9,10 +10,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fedprompt.coordinator.errors import ServiceError
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 
 PROBLEM = "application/problem+json"
 
@@ -44,6 +46,37 @@ DESCRIPTIONS = {
 
 # Seconds a client is asked to wait when the database cannot serve the request now.
 DB_RETRY_AFTER_S = 2
+NO_SCHEMA = (
+    "the database has no fedprompt schema (a new or emptied database): run "
+    "`fedprompt-coordinator migrate` (`serve` applies the migrations when it starts); nothing was changed"
+)
+
+
+def schema_missing(exc: DBAPIError) -> bool:
+    """True when a statement failed because a table does not exist (SQLite's "no such table",
+    PostgreSQL's undefined_table, SQLSTATE 42P01)."""
+    orig = getattr(exc, "orig", None)
+    return getattr(orig, "sqlstate", None) == "42P01" or "no such table" in str(orig)
+
+
+def _leaf_routes(routes: Iterable[Any]) -> Iterator[Any]:
+    """The routes under included routers too (FastAPI wraps each `include_router` in one route)."""
+    for route in routes:
+        nested = getattr(route, "effective_candidates", None)
+        if callable(nested):
+            yield from _leaf_routes(nested())
+        else:
+            yield route
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route of this app answers at the request's path (a 405's Allow header)."""
+    methods: set[str] = set()
+    for route in _leaf_routes(request.app.router.routes):
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE and getattr(route, "methods", None):
+            methods |= set(route.methods)
+    return sorted(methods)
 
 
 def problem_responses(*codes: int, **descriptions: str) -> dict[int | str, dict[str, Any]]:
@@ -113,7 +146,14 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(PoolTimeout)
     @app.exception_handler(OperationalError)
+    @app.exception_handler(ProgrammingError)
     async def _database_busy(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, DBAPIError) and schema_missing(exc):
+            return problem(
+                503, "Service unavailable", NO_SCHEMA, request, {"Retry-After": "30"}, retry_after=30
+            )
+        if isinstance(exc, ProgrammingError):
+            raise exc  # a defect, not a state of the database: the server error it is
         # Pool exhausted, SQLite busy past its timeout, Postgres unreachable: the transaction was
         # rolled back, so the request can be repeated as it is.
         reason = (
@@ -167,5 +207,9 @@ def install(app: FastAPI) -> None:
                 "the request body could not be parsed: send UTF-8 JSON with Content-Type: application/json"
             )
         # its headers too: Allow of a 405, Connection: close of a 408
-        headers = getattr(exc, "headers", None)
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:  # Starlette names the first route's methods; the path may have more
+            allow = allowed_methods(request)
+            headers["Allow"] = ", ".join(allow)
+            detail = f"{request.method} is not allowed on {request.url.path}; allowed: {', '.join(allow)}"
         return problem(exc.status_code, titles.get(exc.status_code, "Error"), detail, request, headers)

@@ -56,3 +56,31 @@ def test_503_is_documented_on_api_routes(api: TestClient) -> None:
     schema = api.get("/openapi.json").json()
     create = schema["paths"]["/api/v1/federations"]["post"]["responses"]
     assert "application/problem+json" in create["503"]["content"]
+
+
+def test_an_emptied_database_is_a_503_naming_the_migration(api: TestClient, db_url: str) -> None:
+    """A database recreated empty under a running coordinator: a problem+json naming the fix, not a 500."""
+    from fedprompt.coordinator.migrate import upgrade
+
+    engine = sqlalchemy.create_engine(db_url)
+    tables = sqlalchemy.MetaData()
+    tables.reflect(engine)
+    tables.drop_all(engine)
+    engine.dispose()
+    for method, path in (("GET", "/api/v1/federations"), ("GET", "/api/v1/federations/1")):
+        resp = api.request(method, path, headers=AUTH)
+        assert resp.status_code == 503, resp.text
+        assert resp.headers["content-type"] == "application/problem+json"
+        assert "fedprompt-coordinator migrate" in resp.json()["detail"]
+    upgrade(db_url)
+    assert api.get("/api/v1/federations", headers=AUTH).json() == []
+
+
+@pytest.mark.parametrize("method", ["DELETE", "OPTIONS", "PATCH"])
+def test_a_405_names_every_method_of_the_path(api: TestClient, method: str) -> None:
+    resp = api.request(method, "/api/v1/federations", headers=AUTH)
+    assert resp.status_code == 405
+    assert resp.headers["content-type"] == "application/problem+json"
+    allow = {m.strip() for m in resp.headers["allow"].split(",")}
+    assert {"GET", "POST"} <= allow and method not in allow
+    assert "GET" in resp.json()["detail"] and "POST" in resp.json()["detail"]
