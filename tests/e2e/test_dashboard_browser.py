@@ -3,7 +3,7 @@
 Simulated sites (plain REST clients: random prompts, synthetic metrics) move a federation through
 its rounds while the page is open: the page must follow without a reload, and its "close round"
 button must close the round through the REST API. The screenshot is a test artifact: it goes to
-runs/test-artifacts/ (or FEDPROMPT_TEST_ARTIFACTS), and to docs/dashboard.png (the README shows it)
+runs/test-artifacts/ (or FEDPROMPT_TEST_ARTIFACTS), and to docs/dashboard.png (docs/dashboard.md shows it)
 when FEDPROMPT_UPDATE_DOCS=1.
 """
 
@@ -232,7 +232,7 @@ def test_dashboard_follows_rounds_live_and_closes_a_round(browser: Browser, tmp_
         expect(head).to_contain_text(SPEC["name"])
         assert page.evaluate("window.__noReload") == "still here"
 
-        # The charts take the new evaluation; then the screenshot for the README
+        # The charts take the new evaluation; then the screenshot for docs/dashboard.md
         sites.evaluate(3)
         expect(page.locator("#fed-timeline tr[data-round='3'] td").nth(8)).not_to_have_text(
             "—", timeout=15_000
