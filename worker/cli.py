@@ -139,6 +139,9 @@ def serve(
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    from fedprompt.worker.quiet import quiet_third_party
+
+    quiet_third_party()  # no tqdm bars nor plain-text lines among the JSON ones
     import uvicorn
     from fedprompt.worker.agent import Agent, AgentConfig
     from fedprompt.worker.app import WorkerMetrics, create_app
@@ -244,10 +247,12 @@ def pool(
     from fedprompt.shared.logs import configure_logging
     from fedprompt.worker.data import DataError
     from fedprompt.worker.pool import PoolConfig, build_pool
+    from fedprompt.worker.quiet import quiet_third_party
     from pydantic import ValidationError
 
     try:
         configure_logging(log_level, log_format)
+        quiet_third_party()  # no tqdm bars nor plain-text lines among the JSON ones
         settings = PoolConfig.read(config)
         if settings.threads:
             import torch
