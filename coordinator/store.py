@@ -22,6 +22,7 @@ from typing import Any
 from fedprompt.coordinator.db import (
     MAX_ID,
     WRITE_OPTION,
+    Client,
     Event,
     Federation,
     Participant,
@@ -29,7 +30,7 @@ from fedprompt.coordinator.db import (
     Round,
     Update,
 )
-from fedprompt.coordinator.errors import Invalid, NotFound
+from fedprompt.coordinator.errors import Forbidden, Invalid, NotFound
 from fedprompt.coordinator.writelock import WriteLock
 from fedprompt.shared.spec import FederationSpec
 from sqlalchemy import func, select
@@ -113,6 +114,12 @@ class Store:
         if row is None:
             raise no_federation(fid)
         return row
+
+    def require_active(self, s: Session, client_id: int) -> None:
+        """Refuse (403) a client's write, in the write's own transaction, once the client is revoked: the
+        authentication cache of this process may still hold a client revoked through another replica."""
+        if s.scalar(select(Client.revoked_at).where(Client.id == client_id)) is not None:
+            raise Forbidden(f"client {client_id} was revoked by the operator")
 
     def event(self, s: Session, fid: int, kind: str, message: str, round_number: int | None = None) -> None:
         """Add an entry to the federation's audit trail (in the caller's transaction)."""

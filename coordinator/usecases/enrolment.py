@@ -122,6 +122,7 @@ class Enrolment:
             return known
         with self.store.tx() as s:
             fed = self.store.lock_federation(s, fid)
+            self.store.require_active(s, client.id)
             spec = self.store.spec_of(fed)
             note = record_model_parameters(fed, spec.params_full_model, stated)
             if note:
@@ -164,7 +165,11 @@ class Enrolment:
             return
         now = self.store.clock()
         with self.store.tx() as s:
-            s.execute(update(Client).where(Client.id == client.id).values(last_seen_at=now))
+            s.execute(
+                update(Client)
+                .where(Client.id == client.id, Client.revoked_at.is_(None))
+                .values(last_seen_at=now)
+            )
         client.last_seen_at = now  # the cached copy too, so the next polls skip the write
 
     def revoke_client(self, fid: int, cid: int) -> None:

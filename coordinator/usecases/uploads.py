@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fedprompt.coordinator.db import Client, Evaluation, Federation, Participant, Round, Update
-from fedprompt.coordinator.errors import Forbidden, Invalid, NotFound, ServiceError
+from fedprompt.coordinator.errors import Invalid, NotFound, ServiceError
 from fedprompt.coordinator.groupcommit import GroupCommit
 from fedprompt.coordinator.logic.uploads import (
     PendingUpload,
@@ -195,8 +195,7 @@ class Uploads:
                     raise NotFound(f"prompt version {version} does not exist; the latest is {latest}")
                 # re-checked here like an upload's: a client revoked through another process is
                 # still in this one's authentication cache, and reports feed the dashboard's accuracy
-                if s.scalar(select(Client.revoked_at).where(Client.id == client.id)) is not None:
-                    raise Forbidden(f"client {client.id} was revoked by the operator")
+                self.store.require_active(s, client.id)
                 exists = s.scalar(
                     select(Evaluation.id).where(
                         Evaluation.federation_id == fid,

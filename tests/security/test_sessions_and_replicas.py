@@ -86,9 +86,17 @@ def test_x_forwarded_for_from_loopback_is_not_believed_by_default(trusted: str, 
         assert statuses[:3] == [401] * 3 and set(statuses[3:]) == {429}
 
 
+# Every write a client makes: each re-checks the caller's standing in its own transaction.
+CLIENT_WRITES = {
+    "evaluation": ("POST", "/rounds/0/evaluation", {"json": {"num_samples": 5, "accuracy": 0.99}}),
+    "model-parameters": ("PUT", "/model-parameters", {"json": {"model_parameters": 22_713_216}}),
+}
+
+
+@pytest.mark.parametrize("write", sorted(CLIENT_WRITES))
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_revoked_clients_report_is_refused_by_a_replica_that_still_caches_it(
-    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+def test_a_revoked_clients_write_is_refused_by_a_replica_that_still_caches_it(
+    backend: str, write: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     pg = request.getfixturevalue("pg_server") if backend == "postgres" else None
     with database(backend, tmp_path, pg) as db, serve(db, tmp_path) as a, serve(db, tmp_path) as b:
@@ -103,12 +111,9 @@ def test_a_revoked_clients_report_is_refused_by_a_replica_that_still_caches_it(
         )
         assert revoked.status_code == 204
         before = snapshot(db)
-        report = httpx.post(
-            f"{b.url}/api/v1/federations/{fid}/rounds/0/evaluation",
-            json={"num_samples": 5, "accuracy": 0.99},
-            headers=auth,
-        )
-        assert report.status_code == 403 and "revoked" in report.json()["detail"]
+        method, path, kwargs = CLIENT_WRITES[write]
+        answer = httpx.request(method, f"{b.url}/api/v1/federations/{fid}{path}", headers=auth, **kwargs)
+        assert answer.status_code == 403 and "revoked" in answer.json()["detail"], answer.text
         assert snapshot(db) == before
 
 
