@@ -88,6 +88,9 @@ class Client(Base):
     enrolled_at: Mapped[float] = mapped_column(Float)
     last_seen_at: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # base64 Ed25519 public key the client signs secure rounds with: pinned the first time it is shown,
+    # never replaced (docs/secure-aggregation.md)
+    signing_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class Round(Base):

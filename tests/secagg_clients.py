@@ -1,15 +1,19 @@
 """Scripted secure-aggregation clients for tests: each answers its stages over the REST API with an
-update the test chose (so the test knows every update), and can stop answering after a given stage
-(a client killed there)."""
+update the test chose (so the test knows every update), through the worker's own secure stages
+(worker/secagg.py: the rules an honest client enforces, its state kept in a folder), and can stop
+answering after a given stage (a client killed there)."""
 
 from __future__ import annotations
 
 import random
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fedprompt.shared.secagg import client as stages
-from fedprompt.shared.secagg.protocol import RoundSecrets
+from fedprompt.shared.secagg.client import Policy
+from fedprompt.shared.spec import FederationSpec
+from fedprompt.worker.secagg import SecureStages
 
 API = "/api/v1/federations"
 
@@ -29,17 +33,32 @@ class ScriptedClient:
         stop_after: str | None = None,
         stop_round: int | None = None,
         seed: int = 0,
+        state_dir: Path | None = None,
     ) -> None:
         self.api, self.fid, self.client_id = api, fid, client_id
         self.headers = {"Authorization": f"Bearer {token}"}
         self.update, self.weight = update, weight
         self.stop_after, self.stop_round = stop_after, stop_round
-        self.secrets: dict[tuple[int, int], RoundSecrets] = {}
+        self.state_dir = state_dir or Path(tempfile.mkdtemp(prefix=f"secagg-client-{client_id}-"))
         self.randbelow = random.Random(seed).randrange
+        self._stages: SecureStages | None = None
         self.done: list[tuple[int, str]] = []  # (round, stage) answered
+        self.refused: list[str] = []  # what this client refused to answer, and why
         self.last_masked: bytes | None = None
         self.masked: dict[tuple[int, int], bytes] = {}  # (round, attempt) -> the masked upload
         self.holds: set[tuple[int, str]] = set()  # (round, stage) not answered for now
+
+    @property
+    def stages(self) -> SecureStages:
+        """The worker's secure stages for this client, with the policy of its own copy of the spec."""
+        if self._stages is None:
+            spec = FederationSpec.model_validate(
+                self.api.get(f"{API}/{self.fid}/spec", headers=self.headers).json()
+            )
+            self._stages = SecureStages(
+                self.state_dir, self.fid, self.client_id, Policy.from_spec(spec), randbelow=self.randbelow
+            )
+        return self._stages
 
     @property
     def stopped(self) -> bool:
@@ -47,26 +66,32 @@ class ScriptedClient:
             stage == self.stop_after and self.stop_round in (None, number) for number, stage in self.done
         )
 
+    def task(self) -> dict[str, Any] | None:
+        """The coordinator's current task for this client, or None."""
+        resp = self.api.get(f"{API}/{self.fid}/task", headers=self.headers)
+        return None if resp.status_code == 204 else resp.json()
+
     def step(self) -> str | None:
         """Answer the current task once; the stage answered, or None."""
         if self.stopped:
             return None
-        resp = self.api.get(f"{API}/{self.fid}/task", headers=self.headers)
-        if resp.status_code == 204:
+        task = self.task()
+        if task is None:
             return None
-        task = resp.json()
         stage_now = task.get("stage") or ("masked" if "secure_aggregation" in task else task["kind"])
         if (task["round"], stage_now) in self.holds:
             return None
+        return self.answer(task)
+
+    def answer(self, task: dict[str, Any]) -> str | None:
+        """Answer a task (as given, or as a test altered it); None when this client refuses it."""
         if task["kind"] == "secagg":
             stage = task["stage"]
-            own = self.secrets.setdefault((task["round"], task["attempt"]), RoundSecrets.new())
-            if stage == "keys":
-                payload: dict[str, Any] = stages.keys_payload(own)
-            elif stage == "shares":
-                payload = stages.shares_payload(own, self.fid, task, randbelow=self.randbelow)
-            else:
-                payload = stages.unmask_payload(own, self.fid, task)
+            try:
+                payload = self.stages.answer(task)
+            except ValueError as exc:  # ProtocolError, EnvelopeError, ShamirError
+                self.refused.append(f"{stage}: {exc}")
+                return None
             answer = self.api.post(
                 f"{API}/{self.fid}/rounds/{task['round']}/secagg/{stage}", json=payload, headers=self.headers
             )
@@ -74,8 +99,11 @@ class ScriptedClient:
             self.done.append((task["round"], stage))
             return stage
         if task["kind"] == "train" and "secure_aggregation" in task:
-            own = self.secrets[(task["round"], task["attempt"])]
-            body = stages.masked_body(own, self.fid, task, self.update, self.weight, {"loss": 0.5})
+            try:
+                body = self.stages.masked(task, self.update, self.weight, {"loss": 0.5})
+            except ValueError as exc:  # ProtocolError, EnvelopeError, ShamirError
+                self.refused.append(f"masked: {exc}")
+                return None
             answer = self.api.put(
                 f"{API}/{self.fid}/rounds/{task['round']}/update", content=body, headers=self.headers
             )

@@ -22,6 +22,7 @@ import httpx
 import structlog
 from fedprompt.shared import wire
 from fedprompt.shared.client import ApiError, CoordinatorClient
+from fedprompt.shared.secagg.client import Policy
 from fedprompt.shared.secagg.protocol import flatten
 from fedprompt.shared.spec import FederationSpec, client_steps
 from fedprompt.worker.data import Example
@@ -333,7 +334,13 @@ class Agent:
 
     def _secure(self) -> SecureStages:
         if self._secure_stages is None:
-            self._secure_stages = SecureStages(self.config.state_dir, self.config.federation_id)
+            assert self.spec is not None and self.status.client_id is not None
+            self._secure_stages = SecureStages(
+                self.config.state_dir,
+                self.config.federation_id,
+                self.status.client_id,
+                Policy.from_spec(self.spec),  # t, k and the minimum from this worker's own copy of the spec
+            )
         return self._secure_stages
 
     def _secagg(self, task: dict[str, Any]) -> None:

@@ -1,11 +1,18 @@
-"""A worker's side of secure aggregation: its round secrets and masked vectors, kept in the state
-directory (0600) so that a restarted worker answers the unmasking stage with the secrets it shared and
-re-sends the masked vector it made rather than making another.
+"""A worker's side of secure aggregation: its signing key, round secrets, round records and masked
+vectors, kept in the state directory (0600) before anything derived from them is sent, so that a
+restarted worker answers with the secrets it shared, re-sends the masked vector it made rather than
+making another, and cannot be asked a second, different question about a round attempt it answered.
 
+    <state dir>/secagg/signing.key                    this client's Ed25519 signing key (raw, base64)
+    <state dir>/secagg/pins.json                      client id -> the signing key seen for it
+    <state dir>/secagg/revealed.json                  neighbour's mask key -> the kind of share revealed
     <state dir>/secagg/<round>-<attempt>.json         the round's X25519 private keys and self-mask seed
+    <state dir>/secagg/<round>-<attempt>.record.json  what the round told it and what it answered
     <state dir>/secagg/<round>-<attempt>.masked       the masked upload, once made
 
-Files of earlier rounds are removed when a later round's stage comes.
+The rules themselves are pure (shared/secagg/client.py); here they are fed the kept record and their
+new record is kept before the answer leaves. Files of earlier rounds are removed when a later round's
+stage comes (revealed.json keeps its entries: they name keys of finished attempts, which never recur).
 """
 
 from __future__ import annotations
@@ -19,8 +26,8 @@ from typing import Any
 
 import numpy as np
 from fedprompt.shared.secagg import client as stages
-from fedprompt.shared.secagg import shamir
-from fedprompt.shared.secagg.protocol import RoundSecrets
+from fedprompt.shared.secagg import shamir, signing
+from fedprompt.shared.secagg.protocol import RoundSecrets, b64, unb64
 from fedprompt.worker.state import _atomic_write
 
 
@@ -28,16 +35,44 @@ class SecureStages:
     """One client's secure-aggregation stages for one federation."""
 
     def __init__(
-        self, root: Path, federation_id: int, *, randbelow: shamir.RandBelow = secrets.randbelow
+        self,
+        root: Path,
+        federation_id: int,
+        client_id: int,
+        policy: stages.Policy,
+        *,
+        randbelow: shamir.RandBelow = secrets.randbelow,
     ) -> None:
         self.dir = root / "secagg"
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)
         self.federation_id = federation_id
+        self.client_id = client_id
+        self.policy = policy
         self.randbelow = randbelow  # Shamir's coefficients: the OS CSPRNG unless a test passes a seeded one
 
     def _path(self, number: int, attempt: int, suffix: str) -> Path:
         return self.dir / f"{number}-{attempt}.{suffix}"
+
+    def _read(self, path: Path, default: Any) -> Any:
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            return default
+
+    def _keep(self, path: Path, value: Any) -> None:
+        _atomic_write(path, json.dumps(value, sort_keys=True).encode())
+
+    def signing_key(self) -> bytes:
+        """This client's signing key: read back if kept, else made (OS CSPRNG) and kept first."""
+        path = self.dir / "signing.key"
+        try:
+            return unb64(path.read_text().strip(), 32)
+        except FileNotFoundError:
+            pass
+        made = signing.new_signing_key()
+        _atomic_write(path, b64(made).encode())
+        return made
 
     def secrets_for(self, number: int, attempt: int) -> RoundSecrets:
         """This round attempt's secrets: read back if kept, else made (OS CSPRNG) and kept first."""
@@ -52,16 +87,43 @@ class SecureStages:
         return made
 
     def answer(self, task: Mapping[str, Any]) -> dict[str, Any]:
-        """The payload of a keys, shares or unmasking task."""
-        own = self.secrets_for(int(task["round"]), int(task["attempt"]))
+        """The payload of a keys, shares, consistency or unmasking task (ProtocolError when the task
+        breaks a rule this client enforces: it then answers nothing)."""
+        number, attempt = int(task["round"]), int(task["attempt"])
+        own = self.secrets_for(number, attempt)
+        record_path = self._path(number, attempt, "record.json")
+        record = self._read(record_path, {})
         stage = task["stage"]
+        fid = self.federation_id
         if stage == "keys":
-            return stages.keys_payload(own)
-        if stage == "shares":
-            return stages.shares_payload(own, self.federation_id, task, randbelow=self.randbelow)
-        if stage == "unmask":
-            return stages.unmask_payload(own, self.federation_id, task)
-        raise ValueError(f"no secure aggregation stage {stage!r}")
+            payload, record = stages.keys_payload(own, self.signing_key(), fid, task, self.client_id)
+            record = {**self._read(record_path, {}), **record}
+        elif stage == "shares":
+            pins_path = self.dir / "pins.json"
+            payload, record, pins = stages.shares_payload(
+                own,
+                self.signing_key(),
+                self.client_id,
+                self.policy,
+                fid,
+                task,
+                record,
+                self._read(pins_path, {}),
+                randbelow=self.randbelow,
+            )
+            self._keep(pins_path, pins)
+        elif stage == "consistency":
+            payload, record = stages.consistency_payload(self.signing_key(), self.policy, fid, task, record)
+        elif stage == "unmask":
+            revealed_path = self.dir / "revealed.json"
+            payload, record, revealed = stages.unmask_payload(
+                own, fid, task, record, self._read(revealed_path, {})
+            )
+            self._keep(revealed_path, revealed)
+        else:
+            raise ValueError(f"no secure aggregation stage {stage!r}")
+        self._keep(record_path, record)
+        return payload
 
     def masked(
         self, task: Mapping[str, Any], update: np.ndarray, weight: int, metrics: Mapping[str, Any]
@@ -73,7 +135,11 @@ class SecureStages:
         if path.exists():
             return path.read_bytes()
         own = self.secrets_for(number, attempt)
-        body = stages.masked_body(own, self.federation_id, task, update, weight, metrics)
+        record_path = self._path(number, attempt, "record.json")
+        body, record = stages.masked_body(
+            own, self.policy, self.federation_id, task, self._read(record_path, {}), update, weight, metrics
+        )
+        self._keep(record_path, record)
         _atomic_write(path, body)
         return body
 

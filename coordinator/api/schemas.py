@@ -227,7 +227,7 @@ class Task(_Open):
     attempt: int | None = None
     deadline_at: float | None = None
     config: dict[str, Any] | None = None
-    stage: Literal["keys", "shares", "unmask"] | None = None
+    stage: Literal["keys", "shares", "consistency", "unmask"] | None = None
     secure_aggregation: dict[str, Any] | None = Field(
         None, description="A secure round's train task: what the masked upload needs."
     )

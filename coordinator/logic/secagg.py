@@ -2,16 +2,20 @@
 number what, the neighbourhood graph, the threshold), when a stage is over and whether the round goes
 on, the checks of what clients post, and what the round's statistics say. No I/O.
 
-A secure round moves through four stages, each with its own deadline (docs/secure-aggregation.md):
+A secure round moves through five stages, each with its own deadline (docs/secure-aggregation.md):
 
-    keys      every participant advertises its public keys            -> U0
-    shares    U0 clients send envelopes to their neighbours in U0      -> U1
-    masked    U1 clients train and upload their masked vectors         -> U2
-    unmask    U2 clients reveal the shares the sum needs              -> U3
+    keys         every participant advertises its signed public keys              -> U0
+    shares       U0 clients send envelopes to their neighbours in U0               -> U1
+    masked       U1 clients train and upload their masked vectors                 -> U2
+    consistency  U2 clients sign the survivor set U2                              -> U3
+    unmask       U3 clients reveal the shares the sum of U2 needs                 -> U4
 
+The neighbourhood graph, k and t are fixed when the keys stage closes, from the hash of the roster
+of signed keys (``graph_plan``), by the same rule the clients apply (shared/secagg/client.py Policy).
 A stage is over when every client expected in it has answered, or at its deadline; the round fails
-when fewer than t (or the quorum, for the masked vectors) remain, or when the answers of U3 cannot
-reconstruct every secret the sum needs.
+when fewer than max(t, min_clients, 3) (and the quorum, for the masked vectors) remain, when the
+answers of U4 cannot reconstruct every secret the sum needs, or when the unmasked sum lies outside
+what clipped updates and the declared weights allow (``sum_outside_clipping``).
 """
 
 from __future__ import annotations
@@ -23,23 +27,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fedprompt.coordinator.errors import Invalid
-from fedprompt.shared.secagg import graph, protocol, quantise, shamir, shares
+import numpy as np
+from fedprompt.coordinator.errors import Conflict, Invalid
+from fedprompt.shared.secagg import graph, protocol, quantise, shamir, shares, signing
+from fedprompt.shared.secagg.client import Policy
 from fedprompt.shared.spec import FederationSpec, SecureAggregationSpec
 
-STAGES = ("keys", "shares", "masked", "unmask")
-NEXT = {"keys": "shares", "shares": "masked", "masked": "unmask"}
+STAGES = ("keys", "shares", "masked", "consistency", "unmask")
+NEXT = {"keys": "shares", "shares": "masked", "masked": "consistency", "consistency": "unmask"}
 
 
 @dataclass(frozen=True)
 class Plan:
-    """A secure round's public plan: participants' numbers (client id -> 1..n), the neighbourhood
-    graph over those numbers, k and t."""
+    """A secure round's public plan: participants' numbers (client id -> 1..n), and once the keys
+    stage closed, the neighbourhood graph over the numbers in the roster, k, t and the graph's seed
+    (hex; empty before)."""
 
     indices: dict[int, int]
     neighbours: dict[int, list[int]]
     k: int
     t: int
+    seed: str = ""
 
     def client_of(self) -> dict[int, int]:
         """Number -> client id."""
@@ -52,6 +60,7 @@ class Plan:
             "neighbours": {str(i): p for i, p in self.neighbours.items()},
             "k": self.k,
             "t": self.t,
+            "seed": self.seed,
         }
 
     @classmethod
@@ -62,19 +71,33 @@ class Plan:
             {int(i): [int(p) for p in peers] for i, peers in data["neighbours"].items()},
             int(data["k"]),
             int(data["t"]),
+            str(data.get("seed", "")),
         )
 
 
-def plan(client_ids: Sequence[int], sa: SecureAggregationSpec, seed: list[int]) -> Plan:
-    """Number the participants by client id and draw their graph from the round's seed."""
+def policy(spec: FederationSpec) -> Policy:
+    """The protocol's numbers by the rule every client applies to its own copy of the spec."""
+    return Policy.from_spec(spec)
+
+
+def plan(client_ids: Sequence[int]) -> Plan:
+    """Number the participants by client id; the graph waits for the roster of keys."""
     ordered = sorted(client_ids)
-    n = len(ordered)
-    k = min(n - 1, sa.neighbours) if sa.neighbours is not None else graph.neighbourhood_size(n)
+    return Plan({cid: i + 1 for i, cid in enumerate(ordered)}, {}, 0, 0)
+
+
+def graph_plan(plan_: Plan, roster: Mapping[int, str], rule: Policy, context: bytes) -> Plan:
+    """The plan once the keys stage closed: the graph over the roster's numbers (number -> digest of
+    the signed advertisement), drawn from the roster's hash, with k and t of the clients' rule."""
+    m = len(roster)
+    seed = signing.roster_seed(context, roster)
+    k = rule.k(m)
     return Plan(
-        {cid: i + 1 for i, cid in enumerate(ordered)},
-        graph.neighbours(n, seed, k),
+        plan_.indices,
+        graph.relabel(graph.neighbours(m, seed, k), sorted(roster)),
         k,
-        protocol.threshold(k, sa.threshold),
+        rule.t(m),
+        seed.hex(),
     )
 
 
@@ -95,15 +118,21 @@ def stage_outcome(
     deadline_passed: bool,
     t: int,
     quorum: int,
+    floor: int,
 ) -> StageOutcome:
     """Whether the stage is over (everyone expected answered, or its deadline passed), and if so
-    whether enough clients remain to go on: at least t, and at least the quorum of masked vectors."""
+    whether enough clients remain to go on: at least max(t, floor), and at least the quorum of masked
+    vectors (floor: max(min_clients, 3), below which a round never closes)."""
     answered = arrived & expected
     if answered != expected and not deadline_passed:
         return StageOutcome("wait")
-    need = max(t, quorum) if stage == "masked" else t
+    need = max(t, floor, quorum) if stage == "masked" else max(t, floor)
     if len(answered) < need:
-        what = "the quorum and threshold" if stage == "masked" and quorum > t else "the threshold"
+        what = (
+            "the quorum, threshold and minimum of clients"
+            if stage == "masked"
+            else "the threshold and minimum of clients"
+        )
         return StageOutcome(
             "fail",
             reason=f"secure aggregation: {len(answered)} of {len(expected)} client(s) completed the "
@@ -117,15 +146,58 @@ def recipients(plan_: Plan, index: int, advertised: set[int]) -> list[int]:
     return [j for j in plan_.neighbours[index] if j in advertised]
 
 
-def parse_keys(payload: Any) -> dict[str, str]:
-    """A client's advertisement, checked (422 if malformed)."""
-    if not isinstance(payload, dict) or set(payload) != {"encryption_key", "mask_key", "seed_commitment"}:
-        raise Invalid("keys must be an object with encryption_key, mask_key and seed_commitment")
+def parse_keys(
+    payload: Any, context: bytes, index: int, client_id: int, pinned: str | None
+) -> dict[str, str]:
+    """A client's advertisement, checked (422 if malformed or not signed by its signing key; 409 if
+    that key is not the one pinned to the client)."""
+    if not isinstance(payload, dict) or set(payload) != set(signing.ADVERT_FIELDS):
+        raise Invalid(f"keys must be an object with exactly {', '.join(signing.ADVERT_FIELDS)}")
+    advert = {k: str(v) for k, v in payload.items()}
     try:
-        protocol.PeerKeys.from_json(payload)
+        protocol.PeerKeys.from_json(advert)
+        public = protocol.unb64(advert["signing_key"], signing.PUBLIC_BYTES)
+        signature = protocol.unb64(advert["signature"], signing.SIGNATURE_BYTES)
     except protocol.ProtocolError as exc:
         raise Invalid(f"keys: {exc}") from None
-    return {k: str(v) for k, v in payload.items()}
+    if pinned is not None and pinned != advert["signing_key"]:
+        raise Conflict(
+            f"client {client_id} registered another signing key; a client's signing key cannot be replaced "
+            "(enrol a new client for a new key)"
+        )
+    if not signing.verify(public, signing.keys_message(context, index, client_id, advert), signature):
+        raise Invalid(
+            f"keys: the signature is not signing_key's signature of this round's keys for number {index}, "
+            f"client {client_id}"
+        )
+    return advert
+
+
+def parse_consistency(payload: Any, signing_key: str, message: bytes) -> str:
+    """A client's signature of the survivor set (422 unless its signing key's signature of `message`)."""
+    if not isinstance(payload, dict) or set(payload) != {"signature"}:
+        raise Invalid(
+            "consistency must be an object {'signature': base64 Ed25519 signature of the survivors}"
+        )
+    try:
+        raw = protocol.unb64(str(payload["signature"]), signing.SIGNATURE_BYTES)
+    except protocol.ProtocolError as exc:
+        raise Invalid(f"consistency: {exc}") from None
+    if not signing.verify(protocol.unb64(signing_key, signing.PUBLIC_BYTES), message, raw):
+        raise Invalid("consistency: the signature is not this client's signature of the round's survivor set")
+    return str(payload["signature"])
+
+
+def sum_outside_clipping(total: np.ndarray, weight_total: int, bits: int) -> tuple[int, float]:
+    """(how many elements, the largest S/W) of an unmasked sum S beyond what clipped, quantised updates
+    and a total weight W allow: S/W ≤ 2^bits − 1 per element. A non-zero count means a client uploaded
+    something other than its weighted levels (or declared more weight than it used)."""
+    limit = np.uint64(min(weight_total * (quantise.levels(bits) - 1), (1 << 64) - 1))
+    values = np.asarray(total, dtype=np.uint64)
+    over = values > limit
+    count = int(over.sum())
+    worst = float(values.max()) / weight_total if values.size and weight_total else 0.0
+    return count, worst
 
 
 def parse_envelopes(payload: Any, expected: Sequence[int]) -> dict[int, bytes]:
@@ -247,10 +319,12 @@ def guarantees(spec: FederationSpec) -> dict[str, str]:
     if spec.secure_aggregation is not None:
         sa = spec.secure_aggregation
         out["secure_aggregation"] = (
-            "the coordinator learns only the weighted mean of each round's surviving updates (t = "
-            f"floor({sa.threshold}·k) + 1 shares per secret), not any one update, as long as it follows the "
-            "protocol and fewer than t of a client's neighbours collude with it; the mean itself is not "
-            "noised by secure aggregation"
+            "the coordinator learns only the weighted mean of each round's surviving updates (at least "
+            f"max(min_clients, 3) = {max(spec.min_clients, 3)} of them; t = max(2, floor({sa.threshold}·k) + 1) "
+            "shares per secret), not any one update, as long as fewer than t of a client's neighbours collude "
+            "with it: each client checks the roster, graph, k, t and its neighbours' signatures, and reveals "
+            "shares once, for a survivor set t of its neighbours signed; the mean itself is not noised by "
+            "secure aggregation"
             + ("; with local DP, the mean carries the sum of the clients' noise" if spec.privacy else "")
         )
     return out

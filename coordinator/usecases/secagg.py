@@ -32,9 +32,9 @@ from fedprompt.coordinator.logic.uploads import UploadResult
 from fedprompt.coordinator.store import Store
 from fedprompt.coordinator.usecases import secagg_messages as msgs
 from fedprompt.shared import wire
-from fedprompt.shared.secagg import protocol, quantise, shamir
+from fedprompt.shared.secagg import protocol, quantise, shamir, signing
 from fedprompt.shared.spec import FederationSpec
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 PLAN_CACHE_ENTRIES = 64
@@ -45,26 +45,29 @@ class SecureRounds:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._plans: dict[int, rules.Plan] = {}  # round attempt id -> its plan (fixed when it opens)
+        self._plans: dict[tuple[int, str], rules.Plan] = {}  # (round attempt id, graph seed) -> plan
         self._plans_lock = threading.Lock()
 
     def _plan(self, sa_row: SecaggRound) -> rules.Plan:
-        """The attempt's plan, parsed once per process (a plan never changes)."""
+        """The attempt's plan, parsed once per process and graph state (a plan changes once: when the
+        keys stage closes and its graph is drawn)."""
+        key = (sa_row.round_id, str(sa_row.plan.get("seed", "")))
         with self._plans_lock:
-            plan = self._plans.get(sa_row.round_id)
+            plan = self._plans.get(key)
             if plan is None:
                 plan = rules.Plan.from_json(sa_row.plan)
                 if len(self._plans) >= PLAN_CACHE_ENTRIES:
                     self._plans.pop(next(iter(self._plans)))
-                self._plans[sa_row.round_id] = plan
+                self._plans[key] = plan
             return plan
 
     # -- the round cycle's side -----------------------------------------------------------------
 
     def start(self, s: Session, spec: FederationSpec, rnd: Round, chosen: list[int]) -> None:
-        """Plan a secure round that was just opened: numbers, graph, threshold; the keys stage."""
+        """Plan a secure round that was just opened: the participants' numbers; the keys stage (the
+        graph, k and t follow from the roster of keys when that stage closes)."""
         assert spec.secure_aggregation is not None
-        plan = rules.plan(chosen, spec.secure_aggregation, [spec.seed, rnd.number, rnd.attempt, 0x5EC])
+        plan = rules.plan(chosen)
         rnd.deadline_at = rnd.opened_at + spec.secure_aggregation.stage_deadline_s
         s.add(
             SecaggRound(
@@ -93,6 +96,7 @@ class SecureRounds:
                 deadline_passed=deadline_passed,
                 t=plan.t,
                 quorum=spec.quorum,
+                floor=rules.policy(spec).min_survivors,
             )
             if outcome.action == "wait":
                 return outcome
@@ -115,6 +119,14 @@ class SecureRounds:
                     )
                 sa_row.stage = "done"
                 return outcome
+            if stage == "keys":  # the roster is in: draw the graph from its hash
+                roster = {
+                    j: signing.roster_digest(plan.client_of()[j], advert)
+                    for j, advert in msgs.adverts(s, rnd.id, plan, sorted(outcome.survivors)).items()
+                }
+                context = protocol.round_context(rnd.federation_id, rnd.number, rnd.attempt)
+                plan = rules.graph_plan(plan, roster, rules.policy(spec), context)
+                sa_row.plan = plan.as_json()
             sa_row.stage = rules.NEXT[stage]
             sa_row.stage_started_at = now
             span = (
@@ -158,6 +170,10 @@ class SecureRounds:
         keys = msgs.advertised_keys(s, rnd.id, plan)
         included = msgs.included_by(s, rnd.id, plan, sa_row.reached)
         revealed = msgs.revealed(s, rnd.id, plan)
+        record = rules.round_record(sa, plan, sa_row.reached)
+        record["weight_total"] = weight_total
+        record["bytes_up"] = msgs.stage_bytes(s, rnd.id)
+        record["guarantees"] = rules.guarantees(spec)
         try:
             summed = protocol.unmasked_sum(
                 total, sorted(survivors), included, revealed, keys, plan.t, context
@@ -165,12 +181,19 @@ class SecureRounds:
             mean = quantise.weighted_mean(summed, weight_total, sa.clip, sa.bits)
         except (protocol.ProtocolError, shamir.ShamirError, quantise.QuantisationError) as exc:
             raise AggregationError(f"secure aggregation: {exc}") from None
+        outside, worst = rules.sum_outside_clipping(summed, weight_total, sa.bits)
+        if outside:
+            reason = (
+                f"secure aggregation: the unmasked sum is outside what clipping allows in {outside} of "
+                f"{length} element(s) (largest S/W {worst:.6g}, at most 2^{sa.bits} − 1 = "
+                f"{quantise.levels(sa.bits) - 1}): some survivor uploaded more than its weighted, clipped "
+                "update; the aggregate is rejected"
+            )
+            # the round fails (the caller records the reason); its stats name the rejection
+            rnd.stats = {**(rnd.stats or {}), "secure_aggregation": {**record, "rejected": reason}}
+            raise AggregationError(reason)
         flat_base = protocol.flatten(base, shapes)
         tensors = protocol.unflatten(flat_base + mean, shapes)
-        record = rules.round_record(sa, plan, sa_row.reached)
-        record["weight_total"] = weight_total
-        record["bytes_up"] = msgs.stage_bytes(s, rnd.id)
-        record["guarantees"] = rules.guarantees(spec)
         return tensors, record
 
     def task(
@@ -218,11 +241,23 @@ class SecureRounds:
             "deadline_at": rnd.deadline_at,
         }
         if stage == "keys":
-            return base
+            return {**base, "client_id": client_id}
         if stage == "shares":
+            client_of = plan.client_of()
+            adverts = msgs.adverts(s, rnd.id, plan, reached["keys"])
+            roster = {
+                str(j): {"client_id": client_of[j], "digest": signing.roster_digest(client_of[j], a)}
+                for j, a in adverts.items()
+            }
             peers = rules.recipients(plan, own, set(reached["keys"]))
-            keys = msgs.advertised_keys(s, rnd.id, plan, peers)
-            return {**base, "neighbours": {str(j): msgs.keys_json(keys[j]) for j in peers}}
+            return {
+                **base,
+                "k": plan.k,
+                "roster": roster,
+                "neighbours": {str(j): {"client_id": client_of[j], **adverts[j]} for j in peers},
+            }
+        if stage == "consistency":
+            return {**base, "survivors": reached["masked"]}
         envelopes = msgs.envelopes_to(s, rnd.id, plan, client_id)
         keys = msgs.advertised_keys(s, rnd.id, plan, list(envelopes))
         peers = {str(j): msgs.keys_json(keys[j]) for j in envelopes}
@@ -237,7 +272,15 @@ class SecureRounds:
             }
         survivors = reached["masked"]
         dropped = sorted(set(reached["shares"]) - set(survivors))
-        return {**base, "envelopes": env, "peers": peers, "survivors": survivors, "dropped": dropped}
+        signatures = msgs.consistency_signatures(s, rnd.id, plan)
+        return {
+            **base,
+            "envelopes": env,
+            "peers": peers,
+            "survivors": survivors,
+            "dropped": dropped,
+            "signatures": {str(j): sig for j, sig in signatures.items()},
+        }
 
     # -- what clients post ----------------------------------------------------------------------
 
@@ -250,8 +293,23 @@ class SecureRounds:
             spec = self.store.spec_of(fed)
             rnd, sa_row, plan, own = self._place(s, fid, number, client, spec)
             reached = sa_row.reached
+            context = protocol.round_context(fid, number, rnd.attempt)
             if stage == "keys":
-                rows = {0: json.dumps(rules.parse_keys(payload), sort_keys=True).encode()}
+                pinned = s.scalar(select(Client.signing_key).where(Client.id == client.id))
+                advert = rules.parse_keys(payload, context, own, client.id, pinned)
+                rows = {0: json.dumps(advert, sort_keys=True).encode()}
+                if pinned is None:  # the first key a client shows is its key from now on
+                    s.execute(
+                        update(Client).where(Client.id == client.id).values(signing_key=advert["signing_key"])
+                    )
+            elif stage == "consistency":
+                if own not in reached.get("masked", []):
+                    raise self._not_now(stage, sa_row.stage, number)
+                key = s.scalar(select(Client.signing_key).where(Client.id == client.id))
+                if key is None:
+                    raise Invalid(f"client {client.id} has no signing key: it advertised no keys")
+                message = signing.consistency_message(context, bytes.fromhex(plan.seed), reached["masked"])
+                rows = {0: json.dumps({"signature": rules.parse_consistency(payload, key, message)}).encode()}
             elif stage == "shares":
                 if own not in reached.get("keys", []):
                     raise self._not_now(stage, sa_row.stage, number)
@@ -259,7 +317,7 @@ class SecureRounds:
                 client_of = plan.client_of()
                 rows = {client_of[j]: e for j, e in rules.parse_envelopes(payload, expected).items()}
             elif stage == "unmask":
-                if own not in reached.get("masked", []):
+                if own not in reached.get("consistency", []):
                     raise self._not_now(stage, sa_row.stage, number)
                 senders = set(msgs.senders_to(s, rnd.id, plan, client.id))
                 survivors = set(reached["masked"])

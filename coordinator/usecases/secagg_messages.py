@@ -14,7 +14,9 @@ from sqlalchemy.orm import Session
 
 def stage_before(stage: str) -> str:
     """The stage whose finishers a stage expects."""
-    return {"shares": "keys", "masked": "shares", "unmask": "masked"}.get(stage, "keys")
+    return {"shares": "keys", "masked": "shares", "consistency": "masked", "unmask": "consistency"}.get(
+        stage, "keys"
+    )
 
 
 def keys_json(keys: protocol.PeerKeys) -> dict[str, str]:
@@ -39,6 +41,7 @@ def stage_bytes(s: Session, round_id: int) -> dict[str, int]:
         "keys": sent.get("keys", 0),
         "shares": sent.get("shares", 0),
         "masked": int(masked),
+        "consistency": sent.get("consistency", 0),
         "unmask": sent.get("unmask", 0),
     }
 
@@ -83,6 +86,27 @@ def advertised_keys(
         client_of = plan.client_of()
         query = query.where(SecaggMessage.sender_id.in_([client_of[j] for j in numbers]))
     return {plan.indices[c]: protocol.PeerKeys.from_json(json.loads(p)) for c, p in s.execute(query)}
+
+
+def adverts(s: Session, round_id: int, plan: rules.Plan, numbers: list[int]) -> dict[int, dict[str, str]]:
+    """The signed advertisements of the given numbers, as their clients sent them."""
+    client_of = plan.client_of()
+    query = select(SecaggMessage.sender_id, SecaggMessage.payload).where(
+        SecaggMessage.round_id == round_id,
+        SecaggMessage.stage == "keys",
+        SecaggMessage.sender_id.in_([client_of[j] for j in numbers]),
+    )
+    return {plan.indices[c]: json.loads(p) for c, p in s.execute(query)}
+
+
+def consistency_signatures(s: Session, round_id: int, plan: rules.Plan) -> dict[int, str]:
+    """Number -> its signature of the survivor set (base64), for every client that sent one."""
+    rows = s.execute(
+        select(SecaggMessage.sender_id, SecaggMessage.payload).where(
+            SecaggMessage.round_id == round_id, SecaggMessage.stage == "consistency"
+        )
+    )
+    return {plan.indices[c]: json.loads(p)["signature"] for c, p in rows}
 
 
 def envelopes_to(s: Session, round_id: int, plan: rules.Plan, client_id: int) -> dict[int, bytes]:

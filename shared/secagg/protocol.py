@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from fedprompt.shared.secagg import masks, shamir, shares
+from fedprompt.shared.secagg import graph, masks, shamir, shares
 from safetensors.numpy import load as _st_load
 from safetensors.numpy import save as _st_save
 
@@ -47,8 +47,9 @@ def round_context(federation_id: int, number: int, attempt: int) -> bytes:
 
 
 def threshold(k: int, fraction: float) -> int:
-    """t: the shares of a client's secrets that reconstruct them, more than fraction·k (at least 1)."""
-    return max(1, min(k, math.floor(fraction * k) + 1))
+    """t: the shares of a client's secrets that reconstruct them, ⌊fraction·k⌋ + 1, at least 2 and at
+    most k (graph.threshold)."""
+    return graph.threshold(k, fraction)
 
 
 def b64(data: bytes) -> str:

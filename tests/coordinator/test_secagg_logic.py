@@ -6,44 +6,81 @@ from __future__ import annotations
 
 import base64
 
+import numpy as np
 import pytest
 from fedprompt.coordinator.dashboard.view import timeline
-from fedprompt.coordinator.errors import Invalid
+from fedprompt.coordinator.errors import Conflict, Invalid
 from fedprompt.coordinator.logic import secagg as rules
-from fedprompt.shared.secagg import shares
+from fedprompt.shared.secagg import shares, signing
+from fedprompt.shared.secagg.client import Policy
 from fedprompt.shared.spec import FederationSpec, SecureAggregationSpec
 from pydantic import ValidationError
 
 SA = SecureAggregationSpec()
 
 
-def test_plan_numbers_clients_by_id_and_draws_a_regular_graph() -> None:
-    plan = rules.plan([42, 7, 19, 3, 11], SA, [0, 1, 1])
+def test_plan_numbers_clients_by_id_and_draws_the_graph_from_the_roster() -> None:
+    plan = rules.plan([42, 7, 19, 3, 11])
     assert plan.indices == {3: 1, 7: 2, 11: 3, 19: 4, 42: 5}
-    assert plan.k == 4 and plan.t == 3  # n = 5: complete graph, t = floor(0.5·4) + 1
-    assert rules.Plan.from_json(plan.as_json()) == plan
-    big = rules.plan(list(range(1, 101)), SA, [0, 1, 1])
-    assert big.k == 14 and big.t == 8
-    assert all(len(p) == 14 for p in big.neighbours.values())
-    fixed = rules.plan(list(range(1, 21)), SecureAggregationSpec(neighbours=4, threshold=0.7), [0])
+    assert plan.neighbours == {} and plan.seed == ""  # no graph before the roster of keys
+    rule = Policy(min_clients=3)
+    roster = {1: "a" * 64, 2: "b" * 64, 4: "c" * 64, 5: "d" * 64}  # number 3 sent no keys
+    drawn = rules.graph_plan(plan, roster, rule, b"ctx")
+    assert drawn.k == 3 and drawn.t == 2  # m = 4: complete graph, t = floor(0.5·3) + 1
+    assert drawn.neighbours == {1: [2, 4, 5], 2: [1, 4, 5], 4: [1, 2, 5], 5: [1, 2, 4]}
+    assert drawn.seed == signing.roster_seed(b"ctx", roster).hex()
+    assert rules.Plan.from_json(drawn.as_json()) == drawn
+    big = rules.graph_plan(
+        rules.plan(list(range(1, 101))), {i: f"{i:064x}" for i in range(1, 101)}, rule, b"c"
+    )
+    assert big.k == 36 and big.t == 19
+    assert all(len(p) == 36 for p in big.neighbours.values())
+    other = rules.graph_plan(
+        rules.plan(list(range(1, 101))), {i: f"{i + 1:064x}" for i in range(1, 101)}, rule, b"c"
+    )
+    assert other.neighbours != big.neighbours  # another roster, another graph
+    fixed = rules.graph_plan(
+        rules.plan(list(range(1, 21))), {i: "0" * 64 for i in range(1, 21)}, Policy(0.7, 4, 3), b"c"
+    )
     assert fixed.k == 4 and fixed.t == 3
 
 
 def test_stage_outcome_waits_moves_on_and_fails() -> None:
-    assert (
-        rules.stage_outcome("keys", {1, 2, 3}, {1, 2}, deadline_passed=False, t=2, quorum=1).action == "wait"
-    )
-    done = rules.stage_outcome("keys", {1, 2, 3}, {1, 2, 3}, deadline_passed=False, t=2, quorum=1)
+    kw = {"t": 2, "quorum": 1, "floor": 2}
+    assert rules.stage_outcome("keys", {1, 2, 3}, {1, 2}, deadline_passed=False, **kw).action == "wait"
+    done = rules.stage_outcome("keys", {1, 2, 3}, {1, 2, 3}, deadline_passed=False, **kw)
     assert done.action == "next" and done.survivors == {1, 2, 3}
-    late = rules.stage_outcome("shares", {1, 2, 3}, {1, 2, 9}, deadline_passed=True, t=2, quorum=1)
+    late = rules.stage_outcome("shares", {1, 2, 3}, {1, 2, 9}, deadline_passed=True, **kw)
     assert late.action == "next" and late.survivors == {1, 2}
-    failed = rules.stage_outcome("shares", {1, 2, 3}, {1}, deadline_passed=True, t=2, quorum=1)
+    failed = rules.stage_outcome("shares", {1, 2, 3}, {1}, deadline_passed=True, **kw)
     assert failed.action == "fail"
     assert failed.reason == (
-        "secure aggregation: 1 of 3 client(s) completed the shares stage, below the threshold of 2"
+        "secure aggregation: 1 of 3 client(s) completed the shares stage, below the threshold and minimum "
+        "of clients of 2"
     )
-    quorum = rules.stage_outcome("masked", {1, 2, 3, 4}, {1, 2}, deadline_passed=True, t=2, quorum=3)
-    assert quorum.action == "fail" and "quorum and threshold of 3" in quorum.reason
+    quorum = rules.stage_outcome("masked", {1, 2, 3, 4}, {1, 2}, deadline_passed=True, t=2, quorum=3, floor=2)
+    assert quorum.action == "fail" and "of 3" in quorum.reason
+
+
+def test_a_round_never_goes_on_with_fewer_than_its_floor() -> None:
+    # n = 3, t = 2, quorum 1: two survivors would each learn the other's update from the mean
+    two = rules.stage_outcome("masked", {1, 2, 3}, {1, 2}, deadline_passed=True, t=2, quorum=1, floor=3)
+    assert two.action == "fail" and "of 3" in two.reason
+    for stage in ("keys", "shares", "consistency", "unmask"):
+        assert (
+            rules.stage_outcome(stage, {1, 2, 3}, {1, 2}, deadline_passed=True, t=2, quorum=1, floor=3).action
+            == "fail"
+        )
+    assert Policy(min_clients=2).min_survivors == 3 and Policy(min_clients=7).min_survivors == 7
+
+
+def test_sum_outside_clipping() -> None:
+    top = 2**8 - 1
+    assert rules.sum_outside_clipping(np.array([0, 3 * top], np.uint64), 3, 8) == (0, float(top))
+    count, worst = rules.sum_outside_clipping(np.array([0, 3 * top + 1, 2**63], np.uint64), 3, 8)
+    assert count == 2 and worst == 2**63 / 3
+    # a weight total whose bound passes 2^64 caps at the ring
+    assert rules.sum_outside_clipping(np.array([2**64 - 1], np.uint64), 2**60, 8)[0] == 0
 
 
 def test_needed_and_missing_secrets() -> None:
@@ -54,11 +91,33 @@ def test_needed_and_missing_secrets() -> None:
 
 def test_parse_posts() -> None:
     key = base64.b64encode(bytes(32)).decode()
-    good = {"encryption_key": key, "mask_key": key, "seed_commitment": "a" * 64}
-    assert rules.parse_keys(good) == good
+    own = signing.new_signing_key()
+    public = base64.b64encode(signing.public_key(own)).decode()
+    advert = {"encryption_key": key, "mask_key": key, "seed_commitment": "a" * 64, "signing_key": public}
+    good = {
+        **advert,
+        "signature": base64.b64encode(signing.sign(own, signing.keys_message(b"c", 2, 7, advert))).decode(),
+    }
+    assert rules.parse_keys(good, b"c", 2, 7, None) == good
+    assert rules.parse_keys(good, b"c", 2, 7, public) == good
     for bad in ({**good, "extra": 1}, {**good, "mask_key": "x"}, {**good, "seed_commitment": "z" * 64}, [1]):
         with pytest.raises(Invalid):
-            rules.parse_keys(bad)
+            rules.parse_keys(bad, b"c", 2, 7, None)
+    with pytest.raises(Invalid, match="signature"):  # signed for another number, client or round
+        rules.parse_keys(good, b"c", 3, 7, None)
+    with pytest.raises(Invalid, match="signature"):
+        rules.parse_keys(good, b"c", 2, 8, None)
+    with pytest.raises(Invalid, match="signature"):
+        rules.parse_keys({**good, "mask_key": base64.b64encode(bytes([1]) * 32).decode()}, b"c", 2, 7, None)
+    with pytest.raises(Conflict, match="cannot be replaced"):
+        rules.parse_keys(good, b"c", 2, 7, key)
+    message = signing.consistency_message(b"c", b"s", [1, 2, 3])
+    sig = base64.b64encode(signing.sign(own, message)).decode()
+    assert rules.parse_consistency({"signature": sig}, public, message) == sig
+    with pytest.raises(Invalid, match="survivor set"):
+        rules.parse_consistency({"signature": sig}, public, signing.consistency_message(b"c", b"s", [1, 2]))
+    with pytest.raises(Invalid):
+        rules.parse_consistency({"signature": "x"}, public, message)
     envelope = base64.b64encode(bytes(shares.ENVELOPE_BYTES)).decode()
     assert rules.parse_envelopes({"envelopes": {"2": envelope, "5": envelope}}, [2, 5]).keys() == {2, 5}
     with pytest.raises(Invalid, match="exactly the neighbours"):
@@ -89,9 +148,9 @@ def test_round_record_says_who_dropped_where() -> None:
     plan = rules.Plan(
         {10: 1, 20: 2, 30: 3, 40: 4}, {1: [2, 3, 4], 2: [1, 3, 4], 3: [1, 2, 4], 4: [1, 2, 3]}, 3, 2
     )
-    reached = {"keys": [1, 2, 3, 4], "shares": [1, 2, 3], "masked": [1, 2], "unmask": [1, 2]}
+    reached = {"keys": [1, 2, 3, 4], "shares": [1, 2, 3], "masked": [1, 2], "consistency": [1], "unmask": [1]}
     record = rules.round_record(SA, plan, reached)
-    assert record["dropped_at"] == {"40": "shares", "30": "masked"}
+    assert record["dropped_at"] == {"40": "shares", "30": "masked", "20": "consistency"}
     assert record["completed"]["masked"] == [10, 20]
     assert record["error_bound"] == 1.0 / (2**20 - 1)
 

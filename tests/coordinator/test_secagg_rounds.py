@@ -30,7 +30,9 @@ N = 10
 SA = {"clip": 1.0, "bits": 20, "threshold": 0.5, "stage_deadline_s": 30}
 SPEC: dict[str, Any] = {
     **SMALL_SPEC,
-    "min_clients": N,
+    "min_clients": 5,
+    "fraction": 1.0,
+    "expected_clients": N,
     "rounds": 2,
     "round_deadline_s": 60,
     "secure_aggregation": SA,
@@ -120,7 +122,7 @@ def test_secure_round_equals_fedavg_and_stores_no_update(secure_api, db_url: str
     bound = quantise.error_bound(SA["clip"], SA["bits"])
     assert np.abs(got - _expected(api, fid, clients)).max() <= bound + 1e-6  # float32 storage
     record = _rounds(api, fid)[0]["stats"]["secure_aggregation"]
-    assert record["k"] == 8 and record["t"] == 5 and record["dropped_at"] == {}
+    assert record["k"] == 4 and record["t"] == 3 and record["dropped_at"] == {}  # graph rule at m = 10
     assert record["completed"]["masked"] == sorted(c.client_id for c in clients)
     # every stored blob: masked vectors and envelopes, none equal or close to an update
     engine = make_engine(db_url)
@@ -140,7 +142,9 @@ def test_secure_round_equals_fedavg_and_stores_no_update(secure_api, db_url: str
 
 def test_dropouts_at_every_stage(sqlite_api) -> None:  # type: ignore[no-untyped-def]
     api, clock = sqlite_api
-    fid, clients = _federation(api)
+    # a complete graph: every client keeps t neighbours through every stage (3 of 10 drop here, more
+    # than the default k is sized for: graph.DROPOUT_FRACTION)
+    fid, clients = _federation(api, spec={**SPEC, "secure_aggregation": {**SA, "neighbours": 9}})
     clients[1].stop_after = "keys"
     clients[4].stop_after = "shares"
     clients[7].stop_after = "masked"
@@ -152,16 +156,16 @@ def test_dropouts_at_every_stage(sqlite_api) -> None:  # type: ignore[no-untyped
     assert first["secure_aggregation"]["stage"] == "done"
     assert first["secure_aggregation"]["dropped_at"] == first["stats"]["secure_aggregation"]["dropped_at"]
     record = first["stats"]["secure_aggregation"]
-    assert set(record["bytes_up"]) == {"keys", "shares", "masked", "unmask"}
+    assert set(record["bytes_up"]) == {"keys", "shares", "masked", "consistency", "unmask"}
     assert all(v > 0 for v in record["bytes_up"].values())
     now = api.get(f"/api/v1/federations/{fid}/rounds/2", headers=ADMIN_AUTH).json()["secure_aggregation"]
-    assert now["stage"] in ("keys", "shares", "masked", "unmask")
+    assert now["stage"] in ("keys", "shares", "masked", "consistency", "unmask")
     status = api.get(f"/api/v1/federations/{fid}", headers=ADMIN_AUTH).json()
     assert "not any one update" in status["privacy_guarantees"]["secure_aggregation"]
     assert record["dropped_at"] == {
         str(clients[1].client_id): "shares",
         str(clients[4].client_id): "masked",
-        str(clients[7].client_id): "unmask",
+        str(clients[7].client_id): "consistency",
     }
 
 
@@ -169,7 +173,7 @@ def test_fewer_than_t_fails_and_is_retried(sqlite_api) -> None:  # type: ignore[
     api, clock = sqlite_api
     fid, clients = _federation(api)
     for c in clients[:6]:
-        c.stop_after = "shares"  # 4 masked vectors, t = 5
+        c.stop_after = "shares"  # 4 masked vectors, below min_clients = 5
     for _ in range(30):
         if not any([c.step() is not None for c in clients]):
             break
@@ -177,7 +181,7 @@ def test_fewer_than_t_fails_and_is_retried(sqlite_api) -> None:  # type: ignore[
     api.app.state.service.sweep()
     rounds = _rounds(api, fid)
     assert [(r["round"], r["attempt"], r["state"]) for r in rounds][:2] == [(1, 1, "failed"), (1, 2, "open")]
-    assert "below the threshold of 5" in rounds[0]["failure_reason"]
+    assert "minimum of clients of 5" in rounds[0]["failure_reason"]
     for c in clients:
         c.stop_after = None
     _drive(api, clients, fid, clock, until=1)

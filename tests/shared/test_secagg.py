@@ -168,27 +168,53 @@ def test_weighted_mean_within_the_bound_of_fedavg() -> None:
 # -- graph ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("n", "k"), [(1, 0), (2, 1), (5, 4), (10, 8), (16, 8), (100, 14), (1000, 20)])
-def test_neighbourhood_is_logarithmic_symmetric_regular_and_connected(n: int, k: int) -> None:
+@pytest.mark.parametrize(
+    ("n", "k"), [(1, 0), (2, 1), (3, 2), (5, 4), (10, 4), (16, 8), (100, 36), (1000, 72)]
+)
+def test_neighbourhood_meets_its_bound_and_is_symmetric_regular_and_connected(n: int, k: int) -> None:
     assert graph.neighbourhood_size(n) == k
-    g = graph.neighbours(n, seed=[3, 1, 1])
+    g = graph.neighbours(n, b"seed", k)
     assert set(g) == set(range(1, n + 1))
     for i, peers in g.items():
         assert len(peers) == k and i not in peers
         assert all(i in g[j] for j in peers)
     assert graph.is_connected(g)
-    assert graph.neighbours(n, seed=[3, 1, 1]) == g
+    assert graph.neighbours(n, b"seed", k) == g
+    if 2 <= k < n - 1:  # the smallest even k that meets the bound
+        assert graph.failure_bound_holds(n, k, 0.5) and not graph.failure_bound_holds(n, k - 2, 0.5)
+
+
+def test_failure_bound_by_hand() -> None:
+    # n = 10: ceil(0.2·10) = 2 corrupted, ceil(0.1·10) = 1 dropping, among the 9 others
+    # k = 2, t = 2: P[both neighbours corrupted] = C(2,2)/C(9,2) = 1/36; 10/36 > 2^-20
+    assert not graph.failure_bound_holds(10, 2, 0.5)
+    # k = 4, t = 3: 3 corrupted neighbours of 2 is impossible, and so are 2 dropped of 1
+    assert graph.failure_bound_holds(10, 4, 0.5)
+    assert graph.threshold(4, 0.5) == 3 and graph.threshold(2, 0.1) == 2 and graph.threshold(1, 0.5) == 1
+
+
+@pytest.mark.parametrize("n", [7, 8, 9, 11, 12, 13])
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_every_client_has_the_stated_degree_for_odd_and_even_n(n: int, k: int) -> None:
+    g = graph.neighbours(n, b"x", k)
+    want = graph.regular_degree(n, k)
+    assert want == (k + k % 2 if k + k % 2 < n - 1 else n - 1)
+    assert all(len(peers) == want for peers in g.values())
+    assert all(i in g[j] for i, peers in g.items() for j in peers)
 
 
 def test_neighbourhood_literal_and_seeded() -> None:
-    g = graph.neighbours(6, seed=0, k=2)
-    assert g == graph.neighbours(6, seed=0, k=2)
+    assert graph.permutation(5, b"a") == graph.permutation(5, b"a")
+    assert sorted(graph.permutation(50, b"a")) == list(range(1, 51))
+    assert graph.permutation(50, b"a") != graph.permutation(50, b"b")
+    g = graph.neighbours(6, b"0", 2)
     assert all(len(p) == 2 for p in g.values())
     assert graph.is_connected(g)
-    assert graph.neighbours(30, seed=1) != graph.neighbours(30, seed=2)
+    assert graph.neighbours(30, b"1", 6) != graph.neighbours(30, b"2", 6)
     assert not graph.is_connected({1: [2], 2: [1], 3: [4], 4: [3]})
+    assert graph.relabel({1: [2], 2: [1]}, [9, 4]) == {4: [9], 9: [4]}
     with pytest.raises(ValueError):
-        graph.neighbours(3, seed=0, k=3)
+        graph.neighbours(3, b"0", -1)
 
 
 # -- envelopes --------------------------------------------------------------------------------
@@ -211,12 +237,18 @@ def test_envelope_round_trip_and_refusals() -> None:
 # -- one whole round ----------------------------------------------------------------------------
 
 
-def _run_round(n: int, drop_after_share: set[int], drop_after_upload: set[int], fraction: float = 0.5):
+def _run_round(
+    n: int,
+    drop_after_share: set[int],
+    drop_after_upload: set[int],
+    fraction: float = 0.5,
+    k: int | None = None,
+):
     rng = np.random.default_rng(5)
     ctx = protocol.round_context(1, 1, 1)
     clip, bits = 1.0, 20
-    g = graph.neighbours(n, seed=[0, 1, 1])
-    k = graph.neighbourhood_size(n)
+    k = graph.neighbourhood_size(n) if k is None else k
+    g = graph.neighbours(n, b"round", k)
     t = protocol.threshold(k, fraction)
     sec = {i: RoundSecrets.new() for i in g}
     keys = {i: PeerKeys.from_json(sec[i].advertisement()) for i in g}
@@ -264,7 +296,7 @@ def test_whole_round_equals_fedavg_within_the_bound() -> None:
 
 
 def test_whole_round_with_dropouts_after_sharing_and_after_upload() -> None:
-    mean, fedavg, bound, _, _ = _run_round(10, {3, 7}, {5})
+    mean, fedavg, bound, _, _ = _run_round(10, {3, 7}, {5}, k=8)  # 3 of 10 drop: more than k = 4 is sized for
     assert np.abs(mean - fedavg).max() <= bound
 
 

@@ -1,13 +1,15 @@
-"""The worker's secure-aggregation state: secrets and the masked vector are kept (0600) before they are
-used, so a restarted worker answers with the same keys and never makes a second masked vector."""
+"""The worker's secure-aggregation state: secrets, signing key and round records are kept (0600)
+before they are used, so a restarted worker answers with the same keys and cannot be asked twice."""
 
 from __future__ import annotations
 
 import stat
 from pathlib import Path
 
-import numpy as np
-from fedprompt.shared.secagg.protocol import PeerKeys, RoundSecrets
+import pytest
+from fedprompt.shared.secagg import signing
+from fedprompt.shared.secagg.client import Policy
+from fedprompt.shared.secagg.protocol import ProtocolError, unb64
 from fedprompt.worker.secagg import SecureStages
 
 
@@ -15,38 +17,35 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def test_secrets_survive_a_restart_and_are_private(tmp_path: Path) -> None:
-    first = SecureStages(tmp_path, 1)
-    keys = first.answer({"stage": "keys", "round": 3, "attempt": 1})
-    again = SecureStages(tmp_path, 1).answer({"stage": "keys", "round": 3, "attempt": 1})
-    assert keys == again
+def _stages(root: Path) -> SecureStages:
+    return SecureStages(root, 1, 7, Policy(min_clients=3))
+
+
+def test_secrets_and_signing_key_survive_a_restart_and_are_private(tmp_path: Path) -> None:
+    task = {"stage": "keys", "round": 3, "attempt": 1, "index": 2}
+    keys = _stages(tmp_path).answer(task)
+    again = _stages(tmp_path).answer(task)
+    assert keys == again  # same round keys, same (deterministic) signature
+    assert signing.verify(
+        unb64(keys["signing_key"]),
+        signing.keys_message(b"federation=1;round=3;attempt=1", 2, 7, keys),
+        unb64(keys["signature"]),
+    )
     kept = tmp_path / "secagg" / "3-1.json"
     assert _mode(kept) == 0o600 and _mode(tmp_path / "secagg") == 0o700
-    other = SecureStages(tmp_path, 1).answer({"stage": "keys", "round": 3, "attempt": 2})
-    assert other != keys
-    SecureStages(tmp_path, 1).secrets_for(4, 1)  # a later round: the earlier files go
-    assert not kept.exists()
+    assert _mode(tmp_path / "secagg" / "signing.key") == 0o600
+    assert _mode(tmp_path / "secagg" / "3-1.record.json") == 0o600
+    other = _stages(tmp_path).answer({**task, "attempt": 2})
+    assert other["mask_key"] != keys["mask_key"] and other["signing_key"] == keys["signing_key"]
+    _stages(tmp_path).secrets_for(4, 1)  # a later round: the earlier files go, the signing key stays
+    assert not kept.exists() and (tmp_path / "secagg" / "signing.key").exists()
 
 
-def test_one_masked_vector_per_round(tmp_path: Path) -> None:
-    peer = RoundSecrets.new()
-    peer_keys = peer.advertisement()
-    task = {
-        "round": 2,
-        "attempt": 1,
-        "secure_aggregation": {
-            "attempt": 1,
-            "index": 1,
-            "t": 1,
-            "envelopes": {"2": "AA=="},
-            "peers": {"2": peer_keys},
-            "clip": 1.0,
-            "bits": 16,
-        },
-    }
-    PeerKeys.from_json(peer_keys)
-    stages = SecureStages(tmp_path, 1)
-    body = stages.masked(task, np.zeros(8), 5, {"loss": 1.0})
-    again = SecureStages(tmp_path, 1).masked(task, np.ones(8), 5, {"loss": 2.0})
-    assert again == body
-    assert _mode(tmp_path / "secagg" / "2-1.masked") == 0o600
+def test_no_masked_vector_without_shares_and_no_unmasking_without_a_signed_set(tmp_path: Path) -> None:
+    stages = _stages(tmp_path)
+    stages.answer({"stage": "keys", "round": 2, "attempt": 1, "index": 1})
+    task = {"round": 2, "attempt": 1, "secure_aggregation": {"attempt": 1, "index": 1, "envelopes": {}}}
+    with pytest.raises(ProtocolError, match="no shares"):
+        stages.masked(task, [0.0] * 4, 5, {})
+    with pytest.raises(ProtocolError, match="no survivor set"):
+        stages.answer({"stage": "unmask", "round": 2, "attempt": 1, "index": 1, "survivors": [1, 2, 3]})

@@ -21,7 +21,7 @@ class SecaggStored(BaseModel):
     model_config = ConfigDict(extra="allow")
     round: int
     attempt: int
-    stage: Literal["keys", "shares", "unmask"]
+    stage: Literal["keys", "shares", "consistency", "unmask"]
     stored: bool = Field(..., description="False when this client had already sent exactly this.")
 
 
@@ -44,22 +44,24 @@ router = APIRouter(
             422,
             e403="not selected for this round",
             e404="the federation does not use secure aggregation",
-            e409="not this client's stage now, or different from what it already sent",
+            e409="not this client's stage now, different from what it already sent, or another signing key",
             e410="round not open",
-            e422="malformed keys, envelopes or shares",
+            e422="malformed or unsigned keys, envelopes, signatures or shares",
         ),
     },
 )
 def post_stage(
     fid: IdPath,
     number: IdPath,
-    stage: Literal["keys", "shares", "unmask"],
+    stage: Literal["keys", "shares", "consistency", "unmask"],
     client: ClientDep,
     service: ServiceDep,
     payload: dict[str, Any] = Body(...),
 ) -> JSONResponse:
-    """A secure round's stage answer: `keys` {encryption_key, mask_key, seed_commitment} (base64 X25519
-    public keys, hex sha256 of the self-mask seed); `shares` {envelopes: {number: base64}}, one AES-GCM
-    envelope per neighbour the task named; `unmask` {shares: {number: {kind: seed|key, share: base64}}}."""
+    """A secure round's stage answer: `keys` {encryption_key, mask_key, seed_commitment, signing_key,
+    signature} (base64 X25519 public keys, hex sha256 of the self-mask seed, the client's Ed25519 key,
+    pinned to it the first time, and its signature of the round's keys); `shares` {envelopes: {number:
+    base64}}, one AES-GCM envelope per neighbour the task named; `consistency` {signature}, the client's
+    signature of the survivor set; `unmask` {shares: {number: {kind: seed|key, share: base64}}}."""
     answer = service.cycle.secure_stage(fid, number, client, stage, payload)
     return JSONResponse(answer, status_code=201 if answer["stored"] else 200)
