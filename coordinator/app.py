@@ -94,7 +94,9 @@ def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
     app.state.task_poll = TaskPoll(service, settings.long_poll_interval_s, settings.long_poll_max_s)
     app.state.upload_threads = PerLoop(lambda: anyio.CapacityLimiter(settings.upload_threads))
     app.state.upload_gate = UploadGate(
-        settings.max_uploads_per_client, settings.max_upload_bytes_in_flight_per_client
+        settings.max_uploads_per_client,
+        settings.max_upload_bytes_in_flight_per_client,
+        max_total_bytes=settings.max_upload_bytes_in_flight,
     )
     app.state.rate_limiter = RateLimiter(
         enrolment=settings.enrolment_rate_limit,

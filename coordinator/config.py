@@ -106,6 +106,13 @@ class Settings(BaseSettings):
         description="Bytes of one client's uploads held by the coordinator at once (received and not "
         "yet stored); an upload that would pass it is answered 429.",
     )
+    max_upload_bytes_in_flight: int = Field(
+        128 * 1024 * 1024,
+        ge=1024,
+        description="Bytes of all clients' uploads held by this process at once (received and not yet "
+        "stored), so that memory does not grow with the number of clients; an upload that would pass it "
+        "is answered 429 with Retry-After.",
+    )
     trusted_proxies: str = Field(
         "",
         description="Addresses or networks (comma-separated; '*' for any) of reverse proxies whose "

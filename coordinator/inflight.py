@@ -5,9 +5,10 @@ one client could open 40 uploads and stop each one byte short of the limit: 600 
 holder (a client id, or "admin" for the initial prompt) may have at most ``max_uploads`` uploads in
 progress and ``max_bytes`` bytes in them; past either, the upload is refused with 429 and
 Retry-After before more of its body is read (the body's deadline, FEDPROMPT_BODY_TIMEOUT_S, ends
-the ones that stall). The same gate, keyed by address, bounds the JSON bodies one address has in
-flight: FastAPI reads those before any token is checked. One gate of each per process, used from
-the event loop only.
+the ones that stall). On top of the holders' caps, ``max_total_bytes`` bounds the bytes of all
+holders together, so what a process holds does not grow with the number of enrolled clients. The
+same gate, keyed by address, bounds the JSON bodies one address has in flight: FastAPI reads those
+before any token is checked. One gate of each per process, used from the event loop only.
 """
 
 from __future__ import annotations
@@ -45,8 +46,17 @@ class Ticket:
                 f"others are done",
                 retry_after=RETRY_AFTER_S,
             )
+        gate = self.gate
+        if gate.max_total_bytes is not None and gate.total_bytes + n > gate.max_total_bytes:
+            raise RateLimited(
+                f"this coordinator holds {gate.total_bytes} bytes of {gate.what} in progress from all "
+                f"callers; {n} more would pass its {gate.max_total_bytes} ({gate.total_knob}); retry in "
+                f"{RETRY_AFTER_S} s",
+                retry_after=RETRY_AFTER_S,
+            )
         held.bytes += n
         self.bytes += n
+        gate.total_bytes += n
 
     def close(self) -> None:
         """Give back this upload's place and bytes (idempotent)."""
@@ -56,6 +66,7 @@ class Ticket:
         held = self.gate._held[self.holder]
         held.uploads -= 1
         held.bytes -= self.bytes
+        self.gate.total_bytes -= self.bytes
         if held.uploads <= 0:
             del self.gate._held[self.holder]
 
@@ -67,21 +78,31 @@ class Ticket:
 
 
 class UploadGate:
-    """At most `max_uploads` uploads and `max_bytes` bytes in progress per holder."""
+    """At most `max_uploads` uploads and `max_bytes` bytes in progress per holder, and at most
+    `max_total_bytes` (None: no limit) of all holders together."""
 
     def __init__(
         self,
         max_uploads: int,
         max_bytes: int,
         *,
+        max_total_bytes: int | None = None,
         what: str = "uploads",
         count_knob: str = "FEDPROMPT_MAX_UPLOADS_PER_CLIENT",
         bytes_knob: str = "FEDPROMPT_MAX_UPLOAD_BYTES_IN_FLIGHT_PER_CLIENT",
+        total_knob: str = "FEDPROMPT_MAX_UPLOAD_BYTES_IN_FLIGHT",
     ) -> None:
         self.max_uploads = max_uploads
         self.max_bytes = max_bytes
-        self.what, self.count_knob, self.bytes_knob = what, count_knob, bytes_knob
+        self.max_total_bytes = max_total_bytes
+        self.what, self.count_knob, self.bytes_knob, self.total_knob = (
+            what,
+            count_knob,
+            bytes_knob,
+            total_knob,
+        )
         self._held: dict[Hashable, _Held] = {}
+        self.total_bytes = 0
 
     def open(self, holder: Hashable, declared: int | None = None) -> Ticket:
         """A ticket for one more upload of `holder` (its declared size reserved), or RateLimited."""

@@ -199,3 +199,41 @@ def test_json_bodies_an_address_holds_before_any_token_check_are_capped(tmp_path
     assert statuses.count(429) >= 8
     assert all(closed for _, closed, _ in results) and max(t for _, _, t in results) < BODY_TIMEOUT_S + 5
     assert healthy.status_code == 200
+
+
+def test_uploads_of_many_clients_together_stay_within_the_process_budget(tmp_path: Path) -> None:
+    # Per client the caps allow two 15 MiB uploads; 8 clients x 2 stalled ones held 240 MiB before the
+    # process-wide budget, and that grew with every client enrolled. With a 48 MiB budget at most three
+    # whole bodies are held (each stalled one byte short, then cut by the body deadline); the others
+    # are answered 429 with Retry-After as they would pass it.
+    budget = 48 * MiB
+    env = {**ENV, "FEDPROMPT_MAX_UPLOAD_BYTES_IN_FLIGHT": str(budget)}
+    with serve(f"sqlite:///{tmp_path / 'x.db'}", tmp_path, env) as server:
+        fid, _, clients = populate(server.url, n_clients=8)
+        path = f"/api/v1/federations/{fid}/rounds/1/update"
+        baseline = psutil.Process(server.proc.pid).memory_info().rss
+        watch = Watch(server.url, server.proc.pid)
+        watch.start()
+        uploads: list[tuple[int | None, bool, float]] = []
+        threads = [
+            threading.Thread(target=_stalled_upload, args=(server.port, path, c["token"], uploads))
+            for c in clients
+            for _ in range(2)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        watch.stop.set()
+        watch.join(5)
+        log = server.log.read_text()
+    statuses = sorted(s for s, _, _ in uploads)
+    print(
+        f"\nbudget {budget / MiB:.0f} MiB, peak +{(watch.peak_rss - baseline) / MiB:.0f} MiB; uploads {statuses}"
+    )
+    assert len(uploads) == 16 and set(statuses) <= {408, 429}, statuses
+    assert statuses.count(408) <= budget // BODY and statuses.count(429) >= 16 - budget // BODY
+    assert all(closed for _, closed, _ in uploads)
+    assert watch.peak_rss - baseline < budget + 16 * MiB
+    assert not watch.failures and watch.worst_healthz < 1.0
+    assert '"level": "error"' not in log
