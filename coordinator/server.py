@@ -14,6 +14,13 @@ gap: uvicorn stops its keep-alive clock whenever bytes arrive and never restarts
 sends all but the last byte of such a body held the connection forever. Here what is left of it
 must arrive within FEDPROMPT_BODY_TIMEOUT_S of the answer, else the connection is closed, and the
 keep-alive clock starts again once it has.
+
+Liveness is answered past the concurrency limit: a request for ``/healthz`` goes to the app even when
+``limit_concurrency`` connections are open, so a flood of idle or slow connections (answered 503 on
+every other path until the head deadline cuts them) cannot fail a liveness probe and restart a pod
+that is only busy. ``/healthz`` does no I/O and runs on the event loop. Readiness (``/readyz``) stays
+under the limit: a flooded replica should leave the load balancer's rotation, not be restarted. There
+is no per-address connection cap: behind a reverse proxy every connection has the proxy's address.
 """
 
 from __future__ import annotations
@@ -27,6 +34,10 @@ try:  # uvicorn's compiled parser: a dependency of the package, but keep the pur
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 except ImportError:  # pragma: no cover
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
+
+
+# Paths answered even past uvicorn's limit_concurrency (see the module's docstring).
+UNLIMITED_PATHS = frozenset({b"/healthz"})
 
 
 def _response(status: int, reason: str) -> bytes:
@@ -134,7 +145,14 @@ def guarded_protocol(
             if self._refused:
                 return
             self._disarm()
-            super().on_headers_complete()
+            if self.url.split(b"?", 1)[0] in UNLIMITED_PATHS and self.limit_concurrency is not None:
+                limit, self.limit_concurrency = self.limit_concurrency, None
+                try:
+                    super().on_headers_complete()
+                finally:
+                    self.limit_concurrency = limit
+            else:
+                super().on_headers_complete()
 
         def on_body(self, body: bytes) -> None:
             if not self._refused:

@@ -237,3 +237,21 @@ def test_uploads_of_many_clients_together_stay_within_the_process_budget(tmp_pat
     assert watch.peak_rss - baseline < budget + 16 * MiB
     assert not watch.failures and watch.worst_healthz < 1.0
     assert '"level": "error"' not in log
+
+
+def test_a_flood_of_idle_connections_cannot_fail_the_liveness_probe(tmp_path: Path) -> None:
+    # More idle connections than FEDPROMPT_MAX_CONNECTIONS: every other path is answered 503 until
+    # the head deadline cuts them, but /healthz is answered past the limit (coordinator/server.py).
+    env = {**ENV, "FEDPROMPT_MAX_CONNECTIONS": "40", "FEDPROMPT_HEADER_TIMEOUT_S": "20"}
+    with serve(f"sqlite:///{tmp_path / 'x.db'}", tmp_path, env) as server:
+        flood = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(60)]
+        try:
+            time.sleep(0.5)
+            with httpx.Client(timeout=5) as probe:
+                live = [probe.get(f"{server.url}/healthz").status_code for _ in range(10)]
+                other = probe.get(f"{server.url}/readyz").status_code
+        finally:
+            for sock in flood:
+                sock.close()
+    assert live == [200] * 10
+    assert other == 503  # the limit is in force for everything else

@@ -13,8 +13,8 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz", response_model=Health)
-def healthz() -> dict[str, str]:
-    """The process is alive."""
+async def healthz() -> dict[str, str]:
+    """The process is alive (answered on the event loop, past the connection limit: server.py)."""
     return {"status": "ok"}
 
 
