@@ -214,13 +214,15 @@ def fetch_command(
     """Download one of the paper's data sets from the Hugging Face hub (needs the `datasets` library and a
     network) and pack it, with checksums in meta.json."""
     from fedprompt.sim.hub import FetchError, fetch
-    from fedprompt.worker.data import DataError, user_datasets_dir
+    from fedprompt.worker.data import DataError, builtin_datasets_dir, packed_folders, user_datasets_dir
 
     root = dest or user_datasets_dir()
     try:
         meta = fetch(name, root, source=source, force=force)
     except FetchError as exc:
-        raise _fail(str(exc)) from None
+        builtin = packed_folders([builtin_datasets_dir()]).get(name)
+        note = f"; {name} is built in and needs no fetch ({builtin})" if builtin else ""
+        raise _fail(str(exc) + note) from None
     except DataError as exc:
         raise _fail(str(exc)) from None
     _report(root / name, meta)

@@ -121,7 +121,10 @@ def test_fetch_offline_is_one_line_naming_the_datasets_variable(
     assert done.exit_code == 2
     line = _one_line(done.output)
     assert line.startswith("error: offline (HF_HUB_OFFLINE=1)") and "$FEDPROMPT_DATASETS" in line
+    assert line.endswith(f"; sst2 is built in and needs no fetch ({builtin_datasets_dir() / 'sst2'})")
     assert not user_dir.exists()
+    other = _one_line(runner.invoke(data_app, ["fetch", "imdb"]).output)
+    assert other.startswith("error: offline (HF_HUB_OFFLINE=1)") and "built in" not in other
 
 
 def test_fetch_of_an_unknown_name_lists_the_known_ones(user_dir: Path) -> None:
