@@ -14,7 +14,9 @@ from fedprompt.coordinator.config import (
 )
 from fedprompt.shared.logs import LogFormatOption
 
-app = typer.Typer(help="fedprompt coordinator: federated rounds over HTTP.", no_args_is_help=True)
+from fedprompt.clikit import make_app
+
+app = make_app("fedprompt coordinator: federated rounds over HTTP.")
 
 
 def _settings() -> Settings:
@@ -43,7 +45,12 @@ def serve(
     ] = None,
     port: Annotated[int | None, typer.Option(help="Port (default FEDPROMPT_PORT or 8000).")] = None,
     dev: Annotated[
-        bool, typer.Option("--dev", help="Development: generate an admin token into <data_dir>/admin-token.")
+        bool,
+        typer.Option(
+            "--dev",
+            help="Development: without FEDPROMPT_ADMIN_TOKEN, generate an admin token into "
+            "<data_dir>/admin-token (then export FEDPROMPT_ADMIN_TOKEN=$(cat data/admin-token)).",
+        ),
     ] = False,
     log_level: Annotated[
         str, typer.Option(help="Level of uvicorn's and the access log (the service logs at info).")

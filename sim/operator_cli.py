@@ -23,14 +23,23 @@ from fedprompt.sim.operator_views import (
     latest_attempt,
     progress_bar,
     rounds_table,
+    show,
     status_table,
     upload_counts,
 )
 from rich.table import Table
 
-app = typer.Typer(help="fedprompt: operate federated prompt tuning.", no_args_is_help=True)
+from fedprompt.clikit import make_app
+
+# One name per concept across the three command lines: the coordinator's address is --coordinator /
+# FEDPROMPT_COORDINATOR, as on the worker (--url and FEDPROMPT_URL still work, unlisted).
+app = make_app(
+    "fedprompt: operate federated prompt tuning.",
+    aliases={"--url": "--coordinator"},
+    env={"FEDPROMPT_URL": "FEDPROMPT_COORDINATOR"},
+)
 federation_app = typer.Typer(help="Create and inspect federations.", no_args_is_help=True)
-token_app = typer.Typer(help="Enrolment tokens.", no_args_is_help=True)
+token_app = typer.Typer(help="Enrollment tokens.", no_args_is_help=True)
 clients_app = typer.Typer(help="Enrolled clients.", no_args_is_help=True)
 round_app = typer.Typer(help="Open and close rounds.", no_args_is_help=True)
 rounds_app = typer.Typer(help="Round history.", no_args_is_help=True)
@@ -46,7 +55,9 @@ for sub, name in [
     app.add_typer(sub, name=name)
 
 
-UrlOpt = Annotated[str, typer.Option("--url", envvar="FEDPROMPT_URL", help="Coordinator base URL.")]
+UrlOpt = Annotated[
+    str, typer.Option("--coordinator", envvar="FEDPROMPT_COORDINATOR", help="Coordinator base URL.")
+]
 TokenOpt = Annotated[
     str | None,
     typer.Option("--token", envvar="FEDPROMPT_ADMIN_TOKEN", help="Admin token.", show_default=False),
@@ -215,12 +226,12 @@ def _evaluated(fed: dict[str, Any], goal: int) -> bool:
 def token_create(
     federation: FedOpt,
     expires_in: Annotated[float | None, typer.Option(help="Seconds until it expires.")] = None,
-    max_uses: Annotated[int | None, typer.Option(help="How many enrolments it allows.")] = None,
+    max_uses: Annotated[int | None, typer.Option(help="How many enrollments it allows.")] = None,
     url: UrlOpt = DEFAULT_URL,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Issue an enrolment token (printed once)."""
+    """Issue an enrollment token (printed once)."""
     with _client(url, token) as c:
         value = _run(c.create_enrollment_token, federation, expires_in_s=expires_in, max_uses=max_uses)
     _emit({"token": value}, as_json, lambda d: sys.stdout.write(d["token"] + "\n"))
@@ -247,7 +258,7 @@ def clients_list(
                 str(r["updates"]),
                 "yes" if r["revoked"] else "",
             )
-        console.print(table)
+        show(table)
 
     _emit(rows, as_json, render)
 
@@ -466,8 +477,15 @@ def _register_data() -> None:
     app.add_typer(data_app, name="data")
 
 
-def main() -> None:
-    """Console entry point."""
+def register_all() -> None:
+    """Add the commands whose imports are heavy or optional (simulate, experiment, data), once."""
+    if any(c.name == "simulate" for c in app.registered_commands):
+        return
     _register_simulate()
     _register_data()
+
+
+def main() -> None:
+    """Console entry point."""
+    register_all()
     app()

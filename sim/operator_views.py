@@ -7,7 +7,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -20,6 +22,17 @@ from rich.table import Table
 
 console = Console()
 err = Console(stderr=True)
+
+
+def show(table: Table) -> None:
+    """A table on stdout: framed to the terminal's width on a terminal; elsewhere (a pipe, a file) in
+    plain ASCII and as wide as its cells, so no cell is cut ("attem…") nor folded."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    table.box = box.ASCII
+    wide = Measurement.get(console, console.options.update_width(100_000), table).maximum
+    Console(width=max(wide, 20)).print(table, crop=False)
 
 
 def fmt(v: Any, digits: int = 4) -> str:
@@ -50,7 +63,7 @@ def status_table(feds: list[dict[str, Any]]) -> None:
             str(f["latest_version"]),
             fmt(latest.get("accuracy")),
         )
-    console.print(table)
+    show(table)
 
 
 def rounds_table(rounds: list[dict[str, Any]]) -> None:
@@ -81,7 +94,7 @@ def rounds_table(rounds: list[dict[str, Any]]) -> None:
             fmt(r["stats"].get("bytes_up")),
             fmt(r.get("seconds"), 1),
         )
-    console.print(table)
+    show(table)
 
 
 def latest_attempt(rounds: list[dict[str, Any]], number: int) -> dict[str, Any] | None:

@@ -20,6 +20,8 @@ from fedprompt.worker.data.help import (
 from fedprompt.worker.poison import TRIGGER_POSITION_HELP
 from fedprompt.worker.reach import DEFAULT_GIVE_UP_AFTER
 
+from fedprompt.clikit import make_app
+
 # Options both `serve` and `pool` take: the worker's own API and its logs.
 HostOption = Annotated[
     str, typer.Option(envvar="FEDPROMPT_WORKER_HOST", help="Bind address of /healthz, /status, /metrics.")
@@ -29,8 +31,13 @@ PortOption = Annotated[
 ]
 LogLevelOption = Annotated[str, typer.Option(envvar="FEDPROMPT_LOG_LEVEL", help="Log level.")]
 
-app = typer.Typer(
-    help="fedprompt worker: trains a soft prompt locally against a frozen PLM.", no_args_is_help=True
+app = make_app(
+    "fedprompt worker: trains a soft prompt locally against a frozen PLM.",
+    aliases={
+        "--num-threads": "--threads",
+        "--enrolment-token": "--enrollment-token",
+        "--enrolment-token-file": "--enrollment-token-file",
+    },
 )
 
 
@@ -46,7 +53,7 @@ def serve(
         Path | None,
         typer.Option(
             envvar="FEDPROMPT_ENROLLMENT_TOKEN_FILE",
-            help="Read the enrolment token from this file (a mounted secret) instead.",
+            help="Read the enrollment token from this file (a mounted secret) instead.",
         ),
     ] = None,
     name: Annotated[
@@ -126,7 +133,7 @@ def serve(
     log_level: LogLevelOption = "info",
     log_format: LogFormatOption = "auto",
 ) -> None:
-    """Enrol with the coordinator, then train and evaluate the global prompt on local data."""
+    """Enroll with the coordinator, then train and evaluate the global prompt on local data."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from fedprompt.shared.logs import configure_logging
 
@@ -155,10 +162,10 @@ def serve(
         try:
             enrollment_token = enrollment_token_file.read_text().strip() or None
         except OSError as exc:
-            typer.echo(f"error: cannot read the enrolment token file: {exc}", err=True)
+            typer.echo(f"error: cannot read the enrollment token file: {exc}", err=True)
             raise typer.Exit(2) from None
         if enrollment_token is None:
-            typer.echo(f"error: the enrolment token file {enrollment_token_file} is empty", err=True)
+            typer.echo(f"error: the enrollment token file {enrollment_token_file} is empty", err=True)
             raise typer.Exit(2)
     if threads:
         import torch
@@ -276,6 +283,9 @@ def pool(
 
 
 def _register() -> None:
+    """Add the commands whose imports are heavy (torch), once."""
+    if any(c.name == "train-local" for c in app.registered_commands):
+        return
     from fedprompt.worker.train_local import train_local_command
 
     app.command("train-local", help="Centralised prompt tuning on a whole data set (the baseline).")(

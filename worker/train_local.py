@@ -102,7 +102,9 @@ def train_local_command(
     seed: int = typer.Option(0, min=0, help="Seed of the initial prompt, batch order and data limits."),
     device: str = typer.Option("auto", help="'auto' (CUDA when available), 'cpu' or 'cuda'."),
     precision: str = typer.Option("auto", help=PRECISION_HELP),
-    num_threads: int | None = typer.Option(None, min=1, help="CPU threads (default: the cores available)."),
+    num_threads: int | None = typer.Option(
+        None, "--threads", min=1, help="CPU threads for torch (default: the cores available)."
+    ),
     eval_every: int = typer.Option(
         250, min=0, help="Evaluate on the test split every N steps (0: only at the end)."
     ),

@@ -175,4 +175,4 @@ def test_options_come_from_the_environment_and_an_empty_token_file_is_refused(tm
     }
     done = subprocess.run([*worker_cmd(), "serve"], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 2
-    assert f"the enrolment token file {empty} is empty" in done.stderr, done.stderr
+    assert f"the enrollment token file {empty} is empty" in done.stderr, done.stderr
