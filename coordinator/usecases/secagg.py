@@ -246,7 +246,11 @@ class SecureRounds:
             client_of = plan.client_of()
             adverts = msgs.adverts(s, rnd.id, plan, reached["keys"])
             roster = {
-                str(j): {"client_id": client_of[j], "digest": signing.roster_digest(client_of[j], a)}
+                str(j): {
+                    "client_id": client_of[j],
+                    "signing_key": a["signing_key"],
+                    "digest": signing.roster_digest(client_of[j], a),
+                }
                 for j, a in adverts.items()
             }
             peers = rules.recipients(plan, own, set(reached["keys"]))

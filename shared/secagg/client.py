@@ -146,8 +146,20 @@ def shares_payload(
         mine is None
         or int(mine["client_id"]) != client_id
         or mine["digest"] != signing.roster_digest(client_id, own_advert)
+        or mine.get("signing_key") != own_advert["signing_key"]
     ):
         raise ProtocolError("the roster does not hold this client's keys as it advertised them")
+    if len({int(e["client_id"]) for e in roster.values()}) != m:
+        raise ProtocolError("the roster lists one client under two numbers")
+    new_pins = dict(pins)
+    for j, entry in roster.items():  # every member's signing key: pinned, or as pinned before
+        cid, key = str(entry["client_id"]), str(entry.get("signing_key", ""))
+        if cid in pins and pins[cid] != key:
+            raise ProtocolError(
+                f"the roster lists client {cid} (number {j}) with a signing key other than the one this "
+                "client pinned for it: a substituted key is refused"
+            )
+        new_pins[cid] = key
     k, t = policy.k(m), policy.t(m)
     if int(task["t"]) < t:
         raise ProtocolError(
@@ -161,13 +173,14 @@ def shares_payload(
             f"the task names neighbours {sorted(given)}; the roster's graph gives {expected} (k = {k})"
         )
     neighbours: dict[str, Any] = {}
-    new_pins = dict(pins)
     for j, advert in given.items():
         cid = int(roster[j]["client_id"])
         if int(advert.get("client_id", -1)) != cid:
             raise ProtocolError(f"the keys of number {j} name another client than the roster")
         fields = {f: str(advert[f]) for f in signing.ADVERT_FIELDS if f in advert}
-        if signing.roster_digest(cid, fields) != roster[j]["digest"]:
+        if signing.roster_digest(cid, fields) != roster[j]["digest"] or fields["signing_key"] != roster[
+            j
+        ].get("signing_key"):
             raise ProtocolError(f"the keys of number {j} differ from the roster's")
         check_advert(context, j, cid, fields, pins)
         new_pins[str(cid)] = fields["signing_key"]
