@@ -7,8 +7,9 @@ empty by default: no address is trusted, loopback included):
 - enrolment: every ``POST /api/v1/federations/{fid}/clients`` counts, accepted or not;
 - failed authentications: every request refused for a missing, unknown or expired token, a wrong
   admin token, a refused enrolment token or a failed dashboard login counts. Once an address has
-  used up its allowance, every request from it that needs a token is answered 429 (before its
-  token is looked at) until the moving window frees a slot.
+  used up its allowance, a request from it that needs a token is answered 429 (before its token is
+  looked at) until the moving window frees a slot, unless its credential is too long to guess
+  (api/ratelimit_dep.py: issued tokens, the session cookie, an admin token of 32+ characters).
 
 The answer is a 429 problem+json with ``Retry-After`` (seconds). Counters live in this process's
 memory (a moving window): several coordinator processes behind one address each count on their own.

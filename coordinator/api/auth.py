@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fedprompt.coordinator.api.ratelimit_dep import WrongAdminToken, counting_failures
-from fedprompt.coordinator.api.session import check_csrf, has_session, uses_session
+from fedprompt.coordinator.api.session import SESSION_COOKIE, check_csrf, has_session, uses_session
 from fedprompt.coordinator.config import Settings
 from fedprompt.coordinator.db import Client
 from fedprompt.coordinator.errors import Unauthorized
@@ -66,14 +66,15 @@ def authorize(
     request.state.auth_scope = scope
     if scope is Scope.ADMIN and uses_session(request):
         assert service is not None
-        with counting_failures(request, count=False):  # a stale cookie is not a guess
+        cookie = request.cookies.get(SESSION_COOKIE, "")
+        with counting_failures(request, count=False, credential=cookie):  # a stale cookie is not a guess
             if not has_session(request, settings, service):
                 raise Unauthorized(
                     "the dashboard session expired or is invalid; log in again at /dashboard/login"
                 )
         check_csrf(request)
         return None
-    with counting_failures(request):
+    with counting_failures(request, credential=bearer_token(request)):
         token = bearer(request)
         if scope is Scope.ADMIN:
             if not is_admin_token(token, settings):

@@ -21,6 +21,7 @@ from fedprompt.coordinator.api.auth import (
     authorize,
     authorize_client,
     bearer,
+    bearer_token,
     client_scheme,
     enrolment_scheme,
 )
@@ -117,7 +118,7 @@ async def require_enrolment(
     """
     del fid  # part of the route; the service checks the token against it
     request.state.auth_scope = Scope.ENROLMENT
-    with counting_failures(request):
+    with counting_failures(request, credential=bearer_token(request)):
         get_rate_limiter(request).hit_enrolment(client_ip(request))
         yield bearer(request)
 

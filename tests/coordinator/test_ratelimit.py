@@ -18,6 +18,9 @@ from pydantic import ValidationError
 from tests.helpers import ADMIN, SMALL_SPEC
 
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN}"}
+# An admin token short enough to guess at (under UNGUESSABLE_CHARS): it stays behind the limit.
+SHORT_ADMIN = "short-admin-token-20"
+SHORT_HEADERS = {"Authorization": f"Bearer {SHORT_ADMIN}"}
 
 
 @pytest.fixture
@@ -28,9 +31,8 @@ def make(tmp_path: Path) -> Iterator[Any]:
     opened: list[TestClient] = []
 
     def build(**overrides: Any) -> Any:
-        app = create_app(
-            Settings(database_url=url, admin_token=ADMIN, data_dir=tmp_path, **overrides), sweep=False
-        )
+        settings = {"database_url": url, "admin_token": ADMIN, "data_dir": tmp_path, **overrides}
+        app = create_app(Settings(**settings), sweep=False)
 
         def client(ip: str = "198.51.100.7") -> TestClient:
             tc = TestClient(app, client=(ip, 40000))
@@ -45,13 +47,9 @@ def make(tmp_path: Path) -> Iterator[Any]:
         tc.__exit__(None, None, None)
 
 
-def _federation(api: TestClient) -> tuple[int, str]:
-    fid = api.post(
-        "/api/v1/federations", json={**SMALL_SPEC, "min_clients": 50}, headers=ADMIN_HEADERS
-    ).json()["id"]
-    token = api.post(f"/api/v1/federations/{fid}/enrollment-tokens", json={}, headers=ADMIN_HEADERS).json()[
-        "token"
-    ]
+def _federation(api: TestClient, admin: dict[str, str] = ADMIN_HEADERS) -> tuple[int, str]:
+    fid = api.post("/api/v1/federations", json={**SMALL_SPEC, "min_clients": 50}, headers=admin).json()["id"]
+    token = api.post(f"/api/v1/federations/{fid}/enrollment-tokens", json={}, headers=admin).json()["token"]
     return fid, token
 
 
@@ -89,8 +87,8 @@ def test_enrolment_is_limited_per_address(make: Any) -> None:
     assert names == ["s0", "s1", "s2", "other-site"]
 
 
-def test_failed_authentications_block_the_address_even_for_a_valid_token(make: Any) -> None:
-    client = make(failed_auth_rate_limit="3/minute")
+def test_failed_authentications_block_the_address_even_for_a_valid_short_token(make: Any) -> None:
+    client = make(failed_auth_rate_limit="3/minute", admin_token=SHORT_ADMIN)
     attacker, operator = client(), client("203.0.113.9")
     guesses = [
         attacker.get("/api/v1/federations", headers={"Authorization": "Bearer guess-1-not-the-token"}),
@@ -98,21 +96,48 @@ def test_failed_authentications_block_the_address_even_for_a_valid_token(make: A
         attacker.get("/api/v1/federations"),  # no token at all
     ]
     assert [r.status_code for r in guesses] == [403, 401, 401]
-    _assert_429(attacker.get("/api/v1/federations", headers=ADMIN_HEADERS))
+    _assert_429(attacker.get("/api/v1/federations", headers=SHORT_HEADERS))
     _assert_429(attacker.get("/api/v1/federations", headers={"Authorization": "Bearer guess-4"}))
     # Public routes are not behind a token, so not behind the limit either.
     assert attacker.get("/healthz").status_code == 200
-    assert operator.get("/api/v1/federations", headers=ADMIN_HEADERS).status_code == 200
+    assert operator.get("/api/v1/federations", headers=SHORT_HEADERS).status_code == 200
+
+
+def test_credentials_too_long_to_guess_are_checked_past_the_limit(make: Any) -> None:
+    """Others' failures from a shared address (a NAT) do not lock out the holder of a credential
+    nobody can guess: the issued client tokens, the session cookie, an admin token of 32+ characters."""
+    client = make(failed_auth_rate_limit="3/minute", enrolment_rate_limit="100/minute")
+    shared = client()
+    fid, enrolment = _federation(shared)
+    site = {"Authorization": f"Bearer {_enrol(shared, fid, enrolment, 'site').json()['token']}"}
+    login = shared.post("/dashboard/login", data={"token": ADMIN}, follow_redirects=False)
+    assert login.status_code == 303
+    for guess in ("guess-1", "guess-2", "guess-3"):
+        assert (
+            shared.get("/api/v1/federations", headers={"Authorization": f"Bearer {guess}"}).status_code == 403
+        )
+    _assert_429(shared.get("/api/v1/federations", headers={"Authorization": "Bearer guess-4"}))
+    _assert_429(_enrol(shared, fid, "fpe_guess", "x"))
+    assert shared.get("/api/v1/federations", headers=ADMIN_HEADERS).status_code == 200
+    assert shared.get(f"/api/v1/federations/{fid}/spec", headers=site).status_code == 200
+    assert shared.get("/dashboard/live").status_code == 200  # the session cookie
+    assert _enrol(shared, fid, enrolment, "another-site").status_code == 201
+    relogin = shared.post("/dashboard/login", data={"token": ADMIN}, follow_redirects=False)
+    assert relogin.status_code == 303
+    # a long guess is checked, refused and still counted; it cannot be the admin token
+    long_guess = {"Authorization": "Bearer " + "g" * 40}
+    assert shared.get("/api/v1/federations", headers=long_guess).status_code == 403
+    _assert_429(shared.get("/api/v1/federations", headers={"Authorization": "Bearer guess-5"}))
 
 
 def test_refused_enrolment_tokens_and_dashboard_logins_count_as_failures(make: Any) -> None:
-    client = make(failed_auth_rate_limit="3/minute")
+    client = make(failed_auth_rate_limit="3/minute", admin_token=SHORT_ADMIN)
     api = client()
-    fid, _ = _federation(api)
+    fid, _ = _federation(api, SHORT_HEADERS)
     assert _enrol(api, fid, "fpe_guessed", "x").status_code == 401
     assert _enrol(api, fid, "fpe_guessed-again", "x").status_code == 401
     assert api.post("/dashboard/login", data={"token": "guess"}, follow_redirects=False).status_code == 401
-    page = api.post("/dashboard/login", data={"token": ADMIN}, follow_redirects=False)
+    page = api.post("/dashboard/login", data={"token": SHORT_ADMIN}, follow_redirects=False)
     assert page.status_code == 429
     assert int(page.headers["retry-after"]) >= 1
     assert "Too many failed" in page.text
@@ -131,13 +156,13 @@ def test_successful_calls_never_count(make: Any) -> None:
 
 
 def test_the_window_moves_on(make: Any) -> None:
-    client = make(failed_auth_rate_limit="2/second")
+    client = make(failed_auth_rate_limit="2/second", admin_token=SHORT_ADMIN)
     api = client()
     for _ in range(2):
         assert api.get("/api/v1/federations").status_code == 401
-    _assert_429(api.get("/api/v1/federations", headers=ADMIN_HEADERS))
+    _assert_429(api.get("/api/v1/federations", headers=SHORT_HEADERS))
     time.sleep(1.1)
-    assert api.get("/api/v1/federations", headers=ADMIN_HEADERS).status_code == 200
+    assert api.get("/api/v1/federations", headers=SHORT_HEADERS).status_code == 200
 
 
 def test_limits_can_be_turned_off(make: Any) -> None:

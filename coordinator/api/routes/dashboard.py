@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fedprompt.coordinator.api.auth import is_admin_token
 from fedprompt.coordinator.api.body import read_limited_body
 from fedprompt.coordinator.api.deps import AdminDep, MetricsDep, ServiceDep, SettingsDep
-from fedprompt.coordinator.api.ratelimit_dep import client_ip, get_rate_limiter
+from fedprompt.coordinator.api.ratelimit_dep import UNGUESSABLE_CHARS, client_ip, get_rate_limiter
 from fedprompt.coordinator.api.session import (
     CSRF_VALUE,
     SESSION_COOKIE,
@@ -89,14 +89,15 @@ async def login(request: Request, settings: SettingsDep) -> Response:
     except TooLarge:
         return _render(request, "login.html", {"error": "The request was too large."}, status=413)
     limiter, ip = get_rate_limiter(request), client_ip(request)
+    token = (parse_qs(body.decode("utf-8", "replace")).get("token") or [""])[0].strip()
     try:
-        limiter.check_failed_auth(ip)
+        if len(token) < UNGUESSABLE_CHARS:  # a token too long to guess is checked past the limit too
+            limiter.check_failed_auth(ip)
     except RateLimited as exc:
         error = f"Too many failed logins from this address; try again in {exc.retry_after} s."
         page = _render(request, "login.html", {"error": error}, status=429)
         page.headers.update(exc.headers)
         return page
-    token = (parse_qs(body.decode("utf-8", "replace")).get("token") or [""])[0].strip()
     ok = await run_in_threadpool(is_admin_token, token, settings)
     if not ok:
         limiter.record_failed_auth(ip)
