@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fedprompt.coordinator.api.links import add_links
 from fedprompt.coordinator.errors import ServiceError
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError
@@ -94,7 +95,8 @@ API_ERRORS = problem_responses(400, 401, 403, 404, 408, 413, 422, 429, 503)
 
 
 def document(app: FastAPI) -> None:
-    """Make the OpenAPI say what the API sends: every 4xx/5xx body is application/problem+json."""
+    """Make the OpenAPI say what the API sends: every 4xx/5xx body is application/problem+json, and
+    which answer feeds which operation (links.py)."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -106,7 +108,7 @@ def document(app: FastAPI) -> None:
                     schema_ref = content.get("application/json", {}).get("schema", {}).get("$ref", "")
                     if schema_ref.endswith("/Problem"):
                         content[PROBLEM] = content.pop("application/json")
-            app.openapi_schema = schema
+            app.openapi_schema = add_links(schema)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -35,8 +35,8 @@ def ascii_decimal(value: Any) -> Any:
 
 IdPath = Annotated[
     int,
-    BeforeValidator(ascii_decimal),
     Path(ge=0, le=MAX_ID, description="A non-negative 32-bit id or number (ASCII digits)."),
+    BeforeValidator(ascii_decimal),
 ]
 # A prompt version as a path or query parameter: a number (ASCII digits) or 'latest'.
 VERSION_PATTERN = r"^(?:latest|[0-9]{1,10})$"

@@ -10,9 +10,10 @@ authentication. Three passes:
   federation's state (only the spare client may be revoked);
 - **generated ids**: path parameters go through as generated, hostile ones included (ids out of
   range, of the wrong type, negative data), so that what reaches routing and logging is fuzzed too;
-- **stateful**: the OpenAPI plus links (a federation's id from its creation to every operation on
-  it, an enrolment token to the enrolment, a client's id and token to its own operations, a round
-  number to the round) run as a state machine: create, enrol, open, close, revoke, export, ….
+- **stateful**: the served OpenAPI, whose links (coordinator/api/links.py: a federation's id from its
+  creation to every operation on it, an enrolment token to the enrolment, a client's id and token to
+  its own operations, a round number to the round) run as a state machine: create, enrol, open,
+  close, revoke, export, ….
 
 Checks: no server error; status code, content type and body of every answer as documented;
 negative data refused (``negative_data_rejection``: ``expires_in_s: true`` is not 1); valid data
@@ -24,7 +25,6 @@ FEDPROMPT_SCHEMATHESIS_SCENARIOS scenarios, default 25); raise them to fuzz hard
 
 from __future__ import annotations
 
-import copy
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -193,75 +193,7 @@ def test_generated_path_parameters_are_refused_cleanly(case: Any, world: dict[st
 
 # --- the stateful phase ---------------------------------------------------------------------------
 
-FID = "$response.body#/id"
-
-
-def _linked(openapi: dict[str, Any]) -> dict[str, Any]:
-    """The OpenAPI with links between its operations (the app's own has none to infer them from)."""
-    doc = copy.deepcopy(openapi)
-    paths = doc["paths"]
-
-    def link(source: tuple[str, str, str], target: tuple[str, str], parameters: dict[str, str]) -> None:
-        path, method, status = source
-        response = paths[path][method]["responses"][status]
-        target_id = paths[target[0]][target[1]]["operationId"]
-        name = f"{target[1]}-{target_id}"[:60]
-        response.setdefault("links", {})[name] = {"operationId": target_id, "parameters": parameters}
-
-    created = ("/api/v1/federations", "post", "201")
-    status = ("/api/v1/federations/{fid}", "get", "200")
-    for path, ops in paths.items():
-        if "{fid}" not in path:
-            continue
-        for method in ops:
-            params = {"path.fid": FID}
-            if "{version}" in path and path.endswith("prompts/{version}"):
-                params["path.version"] = "latest"
-            if "{number}" in path or "{cid}" in path:
-                continue  # from a round / a client, below
-            link(created, (path, method), params)
-            link(status, (path, method), {**params, "path.fid": "$request.path.fid"})
-    tokens = ("/api/v1/federations/{fid}/enrollment-tokens", "post", "201")
-    link(
-        tokens,
-        ("/api/v1/federations/{fid}/clients", "post"),
-        {"path.fid": "$request.path.fid", "header.Authorization": "Bearer {$response.body#/token}"},
-    )
-    enrolled = ("/api/v1/federations/{fid}/clients", "post", "201")
-    as_client = {
-        "path.fid": "$response.body#/federation_id",
-        "header.Authorization": "Bearer {$response.body#/token}",
-    }
-    link(enrolled, ("/api/v1/federations/{fid}/task", "get"), as_client)
-    link(enrolled, ("/api/v1/federations/{fid}/spec", "get"), as_client)
-    link(enrolled, ("/api/v1/federations/{fid}/model-parameters", "put"), as_client)
-    link(
-        enrolled,
-        ("/api/v1/federations/{fid}/rounds/{number}/update", "put"),
-        {**as_client, "path.number": "1"},
-    )
-    link(
-        enrolled,
-        ("/api/v1/federations/{fid}/rounds/{number}/evaluation", "post"),
-        {**as_client, "path.number": "0"},
-    )
-    link(
-        enrolled,
-        ("/api/v1/federations/{fid}/clients/{cid}", "delete"),
-        {"path.fid": "$response.body#/federation_id", "path.cid": "$response.body#/client_id"},
-    )
-    opened = ("/api/v1/federations/{fid}/rounds", "post", "201")
-    for target in (
-        ("/api/v1/federations/{fid}/rounds/{number}", "get"),
-        ("/api/v1/federations/{fid}/rounds/{number}/close", "post"),
-        ("/api/v1/federations/{fid}/evaluations/{version}", "get"),
-    ):
-        number = "path.version" if "{version}" in target[0] else "path.number"
-        link(opened, target, {"path.fid": "$request.path.fid", number: "$response.body#/round"})
-    return doc
-
-
-stateful_schema = schemathesis.openapi.from_dict(_linked(OPENAPI))
+stateful_schema = schemathesis.openapi.from_dict(OPENAPI)  # the served schema, with its links
 
 
 def _default_auth(case: Any) -> dict[str, str]:
@@ -301,11 +233,10 @@ class Workflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
         case.validate_response(response, checks=CHECKS, transport_kwargs=kwargs)
 
 
-def test_the_links_connect_the_operations() -> None:
-    linked = _linked(OPENAPI)
+def test_the_served_openapi_links_the_operations() -> None:
     links = [
         (path, method, name)
-        for path, ops in linked["paths"].items()
+        for path, ops in OPENAPI["paths"].items()
         for method, op in ops.items()
         for response in op["responses"].values()
         for name in response.get("links", {})
