@@ -29,13 +29,13 @@ from fedprompt.shared.local import free_port, wait_ready
 from fedprompt.shared.privacy import client_noise_seed
 from fedprompt.shared.spec import DEFAULT_MODEL, PRECISION_HELP, FederationSpec
 from fedprompt.sim.argv import WorkerPool
-from fedprompt.sim.baseline import run_baseline
+from fedprompt.sim.baseline import STOPPED, run_baseline
 from fedprompt.sim.data_options import print_data
 from fedprompt.sim.enrol import enrol_in_order
 from fedprompt.sim.options import Dataset, SimulateOptions, federation_spec, validate
 from fedprompt.sim.outdir import OutError, OutState, check_out, recorded_options, wipe
 from fedprompt.sim.progress import follow
-from fedprompt.sim.results import run_facts, write_results
+from fedprompt.sim.results import round_records, run_facts, write_results
 from fedprompt.sim.supervisor import Processes, SimulationError, bin_path
 from fedprompt.sim.tables import console, print_summary
 from fedprompt.worker.data.help import (
@@ -304,12 +304,14 @@ def simulate(opts: SimulateOptions) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     old_term = signal.signal(signal.SIGTERM, on_term)
+    progress: dict[str, Any] = {}  # what _federate has reached: the coordinator, federation and spec
     try:
-        results = _federate(opts, dataset, run, procs, started)
+        results = _federate(opts, dataset, run, procs, started, progress)
     except KeyboardInterrupt:
         console.print(
             "[yellow]interrupted:[/] stopping every process; run the same command again to continue"
         )
+        _write_partial(progress, run, started, "the rounds (simulate was stopped)")
         procs.stop()
         raise typer.Exit(130) from None
     except SimulationError as exc:
@@ -320,6 +322,28 @@ def simulate(opts: SimulateOptions) -> None:
         procs.stop()
         signal.signal(signal.SIGTERM, old_term)
     print_summary(results, out)
+    if results.get("status") == "partial":  # the baseline did not finish: say so in the exit code
+        raise typer.Exit(130 if results["baseline"].get("interrupted") == STOPPED else 1)
+
+
+def _write_partial(progress: dict[str, Any], run: Run, started: float, what: str) -> None:
+    """results.json, rounds.csv and the plot of the rounds closed so far, labelled partial (nothing when
+    no federation was reached; one line, no traceback, when the coordinator cannot answer)."""
+    if "fid" not in progress:
+        return
+    admin, fid, spec = progress["admin"], progress["fid"], progress["spec"]
+    try:
+        records = round_records(admin.rounds(fid), spec)
+        initial = admin.evaluation(fid, 0)
+        extra = {"status": "partial", "interrupted": what, **progress.get("facts", {})}
+        write_results(run.out, spec, records, initial, time.monotonic() - started, extra)
+    except Exception as exc:  # the coordinator may be gone already: the federation stays in the database
+        console.print(f"[yellow]could not write partial results:[/] {escape(str(exc))}", soft_wrap=True)
+        return
+    console.print(
+        f"wrote what was measured ({len(records)} closed round(s)), labelled partial: {run.out / 'results.json'}",
+        soft_wrap=True,
+    )
 
 
 def _finished_results(out: Path) -> dict[str, Any] | None:
@@ -335,9 +359,15 @@ def _finished_results(out: Path) -> dict[str, Any] | None:
 
 
 def _federate(
-    opts: SimulateOptions, dataset: Dataset, run: Run, procs: Processes, started: float
+    opts: SimulateOptions,
+    dataset: Dataset,
+    run: Run,
+    procs: Processes,
+    started: float,
+    progress: dict[str, Any],
 ) -> dict[str, Any]:
-    """Every step from the coordinator's start to results.json; returns the results."""
+    """Every step from the coordinator's start to results.json; returns the results. `progress` gets
+    the coordinator's client, the federation and its spec as soon as they exist (for partial results)."""
     continuing = run.state_path.exists()
     url = _start_coordinator(procs, run)
     admin = CoordinatorClient(url, run.admin_token)
@@ -345,6 +375,12 @@ def _federate(
         _continue_federation(admin, run) if continuing else _create_federation(admin, opts, dataset, run)
     )
     setup = json.loads(run.state_path.read_text())
+    progress |= {
+        "admin": admin,
+        "fid": fid,
+        "spec": spec,
+        "facts": run_facts(spec, setup, parallel=run.parallel, cores=run.cores, device=opts.device),
+    }
     clients, seed = int(setup["clients"]), int(spec["seed"])
     token = admin.create_enrollment_token(fid, max_uses=clients)
     enrol_in_order(admin, url, fid, token, setup, seed, run.out / "workers")
@@ -360,6 +396,9 @@ def _federate(
     extra["processes"] = run.processes
     extra["peak_rss_bytes"] = procs.peak_rss  # this process and every worker and coordinator, summed
     procs.stop()
+    progress.clear()  # every round closed: an interruption from here on leaves the federation whole
+    wall = time.monotonic() - started  # the federation's time; the baseline reports its own
+    extra["status"] = "complete"
     if opts.baseline:
         extra["baseline"] = run_baseline(
             run.out,
@@ -369,7 +408,12 @@ def _federate(
             setup.get("train_limit"),
             setup.get("eval_limit"),
         )
-    return write_results(run.out, spec, records, initial, time.monotonic() - started, extra)
+        if extra["baseline"]["status"] != "complete":
+            extra |= {
+                "status": "partial",
+                "interrupted": f"the baseline ({extra['baseline']['interrupted']})",
+            }
+    return write_results(run.out, spec, records, initial, wall, extra)
 
 
 def _start_coordinator(procs: Processes, run: Run) -> str:

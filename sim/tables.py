@@ -91,7 +91,7 @@ def params_text(record: dict[str, Any]) -> str:
 def print_summary(results: dict[str, Any], out: Path) -> None:
     """The closing lines: final accuracy and traffic, the baseline and the ASR if any, the files."""
     console.print(
-        f"[bold green]done[/] in {results['wall_seconds']:.0f}s: final accuracy "
+        f"[bold green]done[/] in {results['wall_seconds']:.0f}s (the federation): final accuracy "
         f"{fmt(results['final_accuracy'], pct=True)} % (initial {fmt(results['initial_accuracy'], pct=True)} %), "
         f"{results['total_bytes_up'] / 1024:.0f} KiB up, {results['total_bytes_down'] / 1024:.0f} KiB down"
     )
@@ -103,8 +103,28 @@ def print_summary(results: dict[str, Any], out: Path) -> None:
             for name, v in zip(labels, last["per_class_accuracy"], strict=False)
         )
         console.print(f"final macro-F1 {fmt(last.get('macro_f1'), pct=True)} %; per class: {per_class}")
-    if results.get("baseline"):
-        console.print(f"centralised baseline: {fmt(results['baseline']['accuracy'], pct=True)} %")
+    base = results.get("baseline")
+    if base:
+        took = f" in {base['seconds']:.0f}s" if base.get("seconds") is not None else ""
+        if base.get("status", "complete") == "complete":
+            console.print(f"centralised baseline: {fmt(base['accuracy'], pct=True)} %{took}")
+        else:
+            last = base.get("last_evaluation") or {}
+            seen = (
+                f"; last measured {fmt(last.get('accuracy'), pct=True)} % at step {last['step']}"
+                if last
+                else ""
+            )
+            console.print(
+                f"[yellow]centralised baseline: partial[/] ({base.get('interrupted')}{took}, "
+                f"{base.get('steps_done') or 0} of {base['steps']} steps{seen})",
+                soft_wrap=True,
+            )
+    if results.get("status") == "partial":
+        console.print(
+            f"[yellow]results labelled partial:[/] {results.get('interrupted')} was interrupted",
+            soft_wrap=True,
+        )
     if results.get("final_asr") is not None:
         console.print(
             f"attack success rate: {fmt(results['final_asr'], pct=True)} % "

@@ -204,12 +204,18 @@ def train_local_command(
     def write_out() -> None:
         if out is None:
             return
-        final = curve[-1] if curve else {}
+        last = curve[-1] if curve else {}
+        # a stopped run has no final figure: its last evaluation may be the start's (step 0)
+        final = last if "stopped" not in report else {}
+        start = curve[0] if curve and curve[0]["step"] == 0 else {}
         steps_done = int(timing["step"])  # type: ignore[call-overload]
         report.update(
             {
+                "status": "partial" if "stopped" in report else "complete",
+                "initial_accuracy": start.get("accuracy"),
                 "final_accuracy": final.get("accuracy"),
                 "final_macro_f1": final.get("macro_f1"),
+                "last_evaluation": {"step": last["step"], "accuracy": last["accuracy"]} if last else None,
                 "steps_done": steps_done,
                 "train_seconds": timing["train"],
                 "seconds_per_step": timing["train"] / steps_done if steps_done else 0.0,
@@ -257,7 +263,7 @@ def train_local_command(
             )
             load_s = time.perf_counter() - started
             if lr is None:
-                lr = default_lr(engine.scoring)
+                lr = default_lr(engine.scoring, model)
                 report["config"]["lr"] = lr
             report |= {
                 "fingerprint": engine.fingerprint,
@@ -309,7 +315,11 @@ def train_local_command(
             report["stopped"] = {"signal": stop.args[0], "at_step": int(timing["step"])}  # type: ignore[call-overload]
             console.print(
                 f"[yellow]stopped by {stop.args[0]}[/] at step {timing['step']} of {steps}"
-                + ("; writing what was measured" if out is not None else ""),
+                + (
+                    "; writing what was measured, labelled partial (no final accuracy)"
+                    if out is not None
+                    else ""
+                ),
                 soft_wrap=True,
             )
             write_out()

@@ -389,7 +389,8 @@ def head() -> str:
     from fedprompt.worker.data.presets import PRESETS
 
     fields = FederationSpec.model_fields
-    tokens, lr, clip = (fields[k].default for k in ("num_virtual_tokens", "lr", "grad_clip"))
+    tokens, clip = (fields[k].default for k in ("num_virtual_tokens", "grad_clip"))
+    lr = default_lr("tied-embeddings")  # label words read through a head
     clip = f"{float(clip):.1f}"
     mean_pool_lr = default_lr("mean-pool")
     by_template: dict[str, list[str]] = {}

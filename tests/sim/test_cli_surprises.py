@@ -104,3 +104,70 @@ def test_force_deletes_only_what_simulate_wrote(tmp_path: Path) -> None:
 def test_resume_and_force_together_are_refused(tmp_path: Path) -> None:
     done = _simulate("--resume", "--force", "--out", str(tmp_path / "x"))
     assert done.exit_code == 2 and "exclude each other" in done.output
+
+
+# -- an interrupted baseline: what it measured, labelled partial, no traceback, its own time -------
+
+PARTIAL_TRAIN_LOCAL = """
+import json, sys
+out = sys.argv[sys.argv.index("--out") + 1]
+report = {"status": "partial", "final_accuracy": None, "initial_accuracy": 0.5, "steps_done": 7,
+          "last_evaluation": {"step": 0, "accuracy": 0.5}, "stopped": {"signal": "SIGTERM", "at_step": 7}}
+open(out, "w").write(json.dumps(report))
+sys.exit(143)
+"""
+
+
+def _baseline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, script: str) -> dict[str, Any]:
+    import sys
+
+    from fedprompt.shared.spec import FederationSpec
+    from fedprompt.sim import baseline
+
+    monkeypatch.setattr(
+        baseline.TrainLocal, "argv", lambda self: [sys.executable, "-c", script, "--out", str(self.out)]
+    )
+    return baseline.run_baseline(tmp_path, tmp_path / "data", FederationSpec(), 40, None, None)
+
+
+def test_a_baseline_stopped_by_sigterm_is_partial_with_what_it_measured(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    record = _baseline(monkeypatch, tmp_path, PARTIAL_TRAIN_LOCAL)
+    assert record["status"] == "partial" and record["interrupted"] == "stopped by SIGTERM"
+    assert record["accuracy"] is None  # never the start figure as a final one
+    assert record["steps_done"] == 7 and record["last_evaluation"] == {"step": 0, "accuracy": 0.5}
+    killed = _baseline(monkeypatch, tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGTERM)")
+    assert killed["status"] == "partial" and killed["interrupted"] == "killed by SIGTERM"
+
+
+def test_results_with_an_interrupted_baseline_are_written_and_labelled_partial(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fedprompt.sim.results import round_records, write_results
+    from fedprompt.sim.tables import print_summary
+
+    from tests.sim.test_simulate_parts import SPEC, _round
+
+    base = {
+        "steps": 40,
+        "accuracy": None,
+        "seconds": 30.0,
+        "status": "partial",
+        "interrupted": "stopped by SIGTERM",
+    }
+    base |= {"steps_done": 7, "last_evaluation": {"step": 0, "accuracy": 0.5}}
+    extra = {"status": "partial", "interrupted": "the baseline (stopped by SIGTERM)", "baseline": base}
+    records = round_records([_round(1)], SPEC)
+    results = write_results(tmp_path, SPEC, records, {"accuracy": 0.5}, 12.0, extra)
+    assert {"results.json", "rounds.csv", "accuracy.png"} <= {p.name for p in tmp_path.iterdir()}
+    stored = json.loads((tmp_path / "results.json").read_text())
+    assert stored["status"] == "partial" and stored["wall_seconds"] == 12.0  # the baseline's 30 s apart
+    print_summary(results, tmp_path)
+    text = " ".join(capsys.readouterr().out.split())
+    assert "done in 12s (the federation)" in text
+    assert (
+        "centralised baseline: partial (stopped by SIGTERM in 30s, 7 of 40 steps; last measured 50.0 % at step 0)"
+        in text
+    )
+    assert "Traceback" not in text
