@@ -51,6 +51,7 @@ def resolve_data(opts: Any, out: Path) -> Dataset:
     from fedprompt.worker.data import choose_prompt, load_splits, resolve_dataset
     from fedprompt.worker.data.pack import write_packed
     from fedprompt.worker.data.verbalizer import load_tokenizer
+    from fedprompt.worker.naming import own_data_name
 
     src = data_source(opts)
     splits = None
@@ -60,7 +61,8 @@ def resolve_data(opts: Any, out: Path) -> Dataset:
         name, labels, task = folder.name, tuple(meta.get("labels") or ()), meta.get("task", "single")
     else:
         splits = load_splits(src)
-        name, labels, task = splits.name, tuple(splits.train.label_names), splits.train.task
+        name = own_data_name(src.data, getattr(opts, "data_name", None)) if src.is_table else splits.name
+        labels, task = tuple(splits.train.label_names), splits.train.task
         folder = out / "data" / name
     template, words = choose_prompt(
         name=name,

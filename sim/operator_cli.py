@@ -466,6 +466,13 @@ def _register_simulate() -> None:
     app.command(
         "simulate", help="Run a whole federation on this machine (coordinator + K worker processes)."
     )(simulate_command)
+    from fedprompt.worker.train_local import train_local_command
+
+    # the same command as `fedprompt-worker train-local`, for the operator who runs the demo
+    app.command(
+        "train-local",
+        help="Centralised prompt tuning on a whole data set (the baseline; as fedprompt-worker's).",
+    )(train_local_command)
     from fedprompt.sim.experiments.cli import app as experiment_app
 
     app.add_typer(experiment_app, name="experiment")

@@ -76,6 +76,7 @@ class SimulateOptions:
     precision: str = "auto"
     resume: bool = False
     force: bool = False
+    data_name: str | None = None
 
 
 def parse_aggregation(text: str) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from fedprompt.shared.client import CoordinatorClient
-from fedprompt.sim.results import round_records
+from fedprompt.sim.results import initial_record, round_records
 from fedprompt.sim.supervisor import Processes
 from fedprompt.sim.tables import console, has_asr, row_table
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -62,6 +62,10 @@ def follow(
                 if r not in printed and (complete or time.monotonic() - closed_seen[r] > EVAL_GRACE_S):
                     if asr is None and record["eval_clients"] > 0:
                         asr = has_asr(record)
+                    start = initial_record(admin.evaluation(fid, 0)) if header else None
+                    if start is not None:  # round 0 above round 1: the starting prompt's figures
+                        progress.console.print(row_table(start, header, asr))
+                        header = False
                     progress.console.print(row_table(record, header, asr))
                     header = False
                     printed.add(r)

@@ -106,6 +106,34 @@ def round_records(rounds: list[dict[str, Any]], spec: dict[str, Any] | None = No
     return out
 
 
+def initial_record(initial: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Round 0 in the shape of a round record: the starting prompt's evaluation, nothing trained or
+    sent (None before any client reported it)."""
+    if not initial or initial.get("accuracy") is None:
+        return None
+    return {
+        "round": 0,
+        "attempt": 0,
+        "participants": 0,
+        "accuracy": initial.get("accuracy"),
+        "macro_f1": initial.get("macro_f1"),
+        "per_class_accuracy": initial.get("per_class_accuracy"),
+        "confusion": initial.get("confusion"),
+        "eval_loss": initial.get("loss"),
+        "eval_clients": initial.get("clients", 0),
+        "eval_samples": initial.get("num_samples", 0),
+        "loss": None,
+        "bytes_up": 0,
+        "bytes_down": 0,
+        "seconds": None,
+        "asr": initial.get("asr"),
+        "local_asr": None,
+        "local_accuracy": None,
+        "epsilon": None,
+        "epsilon_cumulative": None,
+    }
+
+
 def measured_asr(records: list[dict[str, Any]], initial: dict[str, Any] | None = None) -> bool:
     """True when some client reported an ASR (global or local): a backdoor was configured, or the
     operator asked for the clean-trigger measurement (--measure-asr)."""
@@ -232,7 +260,8 @@ def write_results(
         fields = [f for f in CSV_FIELDS if asr or f not in ASR_ROUND_FIELDS]
         writer = csv.DictWriter(fh, fieldnames=fields + list(per_class), extrasaction="ignore")
         writer.writeheader()
-        for record in records:
+        start = initial_record(initial)  # round 0: the starting prompt
+        for record in ([start] if start else []) + records:
             accuracies = record.get("per_class_accuracy") or []
             columns = {c: accuracies[i] if i < len(accuracies) else None for c, i in per_class.items()}
             writer.writerow(record | columns)

@@ -48,6 +48,7 @@ from fedprompt.worker.data.help import (
     TEXT_COLUMN_HELP,
     VERBALIZER_HELP,
 )
+from fedprompt.worker.naming import DATA_NAME_HELP
 from fedprompt.worker.poison import TRIGGER_POSITION_HELP
 from fedprompt.worker.pool import BackdoorEntry, ClientEntry, PoolConfig
 from rich.markup import escape
@@ -222,6 +223,7 @@ def simulate_command(
         bool,
         typer.Option("--force", help="Delete the run in --out (what simulate wrote there) and start over."),
     ] = False,
+    data_name: Annotated[str | None, typer.Option(help=DATA_NAME_HELP)] = None,
 ) -> None:
     """Run a whole federation on this machine and write results.json, rounds.csv and accuracy.png."""
     opts = SimulateOptions(**locals())  # first statement: the locals are exactly the parameters

@@ -26,6 +26,7 @@ from fedprompt.worker.data.help import (
     TEXT_COLUMN_HELP,
     VERBALIZER_HELP,
 )
+from fedprompt.worker.naming import DATA_NAME_HELP, own_data_name
 
 
 def parse_verbalizer(text: str) -> list[list[str]]:
@@ -77,6 +78,7 @@ def train_local_command(
     text_b_column: str | None = typer.Option(None, help=TEXT_B_COLUMN_HELP),
     label_column: str = typer.Option("label", help=LABEL_COLUMN_HELP),
     labels: str | None = typer.Option(None, help=LABELS_HELP),
+    data_name: str | None = typer.Option(None, help=DATA_NAME_HELP),
     model: str = typer.Option(DEFAULT_MODEL, help="Hub id or local path of the frozen language model."),
     steps: int = typer.Option(1500, min=0, help="Optimisation steps."),
     batch_size: int = typer.Option(16, min=1, help="Examples per step."),
@@ -158,6 +160,8 @@ def train_local_command(
             labels=parse_labels(labels),
         )
         splits = load_splits(source)
+        if source.is_table:  # a user's file: named after it (or its folder, for train.csv), or --data-name
+            splits.train.name = splits.test.name = own_data_name(dataset, data_name)
         train = splits.train.sample(train_limit, seed)
         test = splits.test.sample(eval_limit, seed)
         tmpl, words = choose_prompt(

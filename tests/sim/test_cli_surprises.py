@@ -171,3 +171,70 @@ def test_results_with_an_interrupted_baseline_are_written_and_labelled_partial(
         in text
     )
     assert "Traceback" not in text
+
+
+# -- own data: named after its folder (or --data-name), a round-0 row, `fedprompt train-local` -----
+
+
+@pytest.mark.parametrize(
+    ("path", "explicit", "name"),
+    [
+        ("reviews/train.csv", None, "reviews"),
+        ("shop/data.jsonl.gz", None, "shop"),
+        ("reviews/tweets.csv", None, "tweets"),
+        ("reviews/train.csv", "my-reviews", "my-reviews"),
+    ],
+)
+def test_own_data_is_named_after_its_folder_or_data_name(path: str, explicit: str | None, name: str) -> None:
+    from fedprompt.worker.naming import own_data_name
+
+    assert own_data_name(path, explicit) == name
+
+
+def test_simulate_names_a_train_csv_after_its_folder(tmp_path: Path) -> None:
+    from fedprompt.sim.data_options import resolve_data
+
+    folder = tmp_path / "reviews"
+    folder.mkdir()
+    rows = ["text,label"] + [
+        f"{'good fine great' if i % 2 else 'bad awful poor'} {i},{i % 2}" for i in range(40)
+    ]
+    (folder / "train.csv").write_text("\n".join(rows) + "\n")
+    dataset = resolve_data(
+        _options(dataset=str(folder / "train.csv"), verbalizer="bad;good"), tmp_path / "out"
+    )
+    assert dataset.name == "reviews" and dataset.folder == tmp_path / "out" / "data" / "reviews"
+    named = resolve_data(
+        _options(dataset=str(folder / "train.csv"), verbalizer="bad;good", data_name="shop"), tmp_path / "out"
+    )
+    assert named.name == "shop"
+
+
+def test_rounds_csv_starts_with_round_0_the_starting_prompt(tmp_path: Path) -> None:
+    import csv
+
+    from fedprompt.sim.results import round_records, write_results
+    from fedprompt.sim.tables import row_table
+
+    from tests.sim.test_simulate_parts import SPEC, _round
+
+    initial = {"accuracy": 0.583, "loss": 0.7, "clients": 3, "num_samples": 30}
+    write_results(tmp_path, SPEC, round_records([_round(1), _round(2)], SPEC), initial, 1.0, {})
+    rows = list(csv.DictReader((tmp_path / "rounds.csv").open()))
+    assert [r["round"] for r in rows] == ["0", "1", "2"]
+    assert (
+        float(rows[0]["accuracy"]) == 0.583 and rows[0]["participants"] == "0" and rows[0]["bytes_up"] == "0"
+    )
+    from fedprompt.sim.results import initial_record
+
+    start = initial_record(initial)
+    assert start is not None and row_table(start, True).row_count == 1
+
+
+def test_fedprompt_train_local_is_the_workers_command() -> None:
+    from fedprompt.sim import operator_cli
+
+    operator_cli.register_all()
+    done = runner.invoke(operator_cli.app, ["train-local", "-h"], env={"COLUMNS": "200"})
+    assert done.exit_code == 0, done.output
+    assert "--steps" in done.output and "--data-name" in done.output and "--threads" in done.output
