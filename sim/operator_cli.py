@@ -466,6 +466,11 @@ def _register_simulate() -> None:
     app.command(
         "simulate", help="Run a whole federation on this machine (coordinator + K worker processes)."
     )(simulate_command)
+    from fedprompt.sim.demo import demo_command
+
+    app.command(
+        "demo", help="Run the demo federation (SST-2, 4 clients, 3 rounds); any setting can be changed."
+    )(demo_command)
     from fedprompt.worker.train_local import train_local_command
 
     # the same command as `fedprompt-worker train-local`, for the operator who runs the demo

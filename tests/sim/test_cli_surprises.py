@@ -238,3 +238,45 @@ def test_fedprompt_train_local_is_the_workers_command() -> None:
     done = runner.invoke(operator_cli.app, ["train-local", "-h"], env={"COLUMNS": "200"})
     assert done.exit_code == 0, done.output
     assert "--steps" in done.output and "--data-name" in done.output and "--threads" in done.output
+
+
+# -- fedprompt demo: the Makefile's demo settings as defaults, each one overridable -------------
+
+
+def test_demo_runs_simulate_with_the_demo_settings_and_takes_overrides(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from fedprompt.sim import operator_cli, simulate
+
+    operator_cli.register_all()
+    seen: list[SimulateOptions] = []
+    monkeypatch.setattr(simulate, "simulate", seen.append)
+    done = runner.invoke(operator_cli.app, ["demo"])
+    assert done.exit_code == 0, done.output
+    demo = seen[-1]
+    assert (demo.dataset, demo.clients, demo.fraction, demo.rounds, demo.local_steps) == (
+        "sst2",
+        4,
+        0.5,
+        3,
+        100,
+    )
+    assert (demo.lr, demo.train_limit, demo.seed, demo.out) == (0.01, 8000, 0, Path("runs/demo"))
+    assert demo.verbalizer == "terrible,awful,bad;great,wonderful,good" and not demo.force
+    assert demo.model == _options().model and demo.batch_size == _options().batch_size  # simulate's defaults
+    out = tmp_path / "d"
+    args = ["demo", "--rounds", "1", "--seed", "7", "--local-steps", "2", "--out", str(out), "--force"]
+    assert runner.invoke(operator_cli.app, args).exit_code == 0
+    assert (seen[-1].rounds, seen[-1].seed, seen[-1].local_steps, seen[-1].out, seen[-1].force) == (
+        1,
+        7,
+        2,
+        out,
+        True,
+    )
+
+
+def test_make_demo_calls_fedprompt_demo() -> None:
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    recipe = makefile.split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    assert "$(BIN)/fedprompt demo --seed $(SEED) --force" in recipe and "simulate" not in recipe
