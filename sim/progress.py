@@ -28,6 +28,7 @@ def follow(
     asr: bool | None = None  # the ASR columns: decided by the first row that has evaluations, then kept
     closed_seen: dict[int, float] = {}
     memory: dict[int, dict[str, int | None]] = {}  # round -> rss_bytes and peak_rss_bytes at its close
+    last_line = ""  # without a terminal (a log): the progress as lines, one per round, attempt or upload
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -45,14 +46,25 @@ def follow(
             open_round = status.get("open_round")
             if open_round:
                 parts = open_round["participants"]
+                uploaded = sum(p["uploaded"] for p in parts)
                 progress.update(
                     bar,
                     description=f"round {open_round['round']}/{total_rounds}: uploads",
-                    completed=sum(p["uploaded"] for p in parts),
+                    completed=uploaded,
                     total=len(parts),
+                )
+                line = (
+                    f"round {open_round['round']}/{total_rounds} attempt {open_round['attempt']}: "
+                    f"{uploaded}/{len(parts)} uploads"
                 )
             elif status["state"] == "waiting":
                 progress.update(bar, completed=status["clients"]["enrolled"], total=clients)
+                line = f"waiting for clients: {status['clients']['enrolled']}/{clients} enrolled"
+            else:
+                line = ""
+            if line and line != last_line and not console.is_terminal:  # a log: a line per change
+                progress.console.print(line, soft_wrap=True)
+                last_line = line
             active = status["clients"]["active"]
             for record in round_records(history, spec):
                 r = record["round"]

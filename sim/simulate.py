@@ -372,6 +372,7 @@ def _federate(
     the coordinator's client, the federation and its spec as soon as they exist (for partial results)."""
     continuing = run.state_path.exists()
     url = _start_coordinator(procs, run)
+    announce(url, run.out, run.admin_token)
     admin = CoordinatorClient(url, run.admin_token)
     fid, spec = (
         _continue_federation(admin, run) if continuing else _create_federation(admin, opts, dataset, run)
@@ -416,6 +417,22 @@ def _federate(
                 "interrupted": f"the baseline ({extra['baseline']['interrupted']})",
             }
     return write_results(run.out, spec, records, initial, wall, extra)
+
+
+def announce(url: str, out: Path, admin_token: str) -> Path:
+    """Write the coordinator's admin token to <out>/admin-token (0600) and say where the dashboard, the
+    API and the token are, for an operator who wants to watch or steer the run; the token's file."""
+    token_file = out / "admin-token"
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(admin_token + "\n")
+    os.chmod(token_file, 0o600)
+    console.print(
+        f"coordinator {url}: dashboard {url}/dashboard, API {url}/docs; admin token in {token_file} "
+        f"(export FEDPROMPT_COORDINATOR={url} FEDPROMPT_ADMIN_TOKEN=$(cat {token_file}))",
+        soft_wrap=True,
+    )
+    return token_file
 
 
 def _start_coordinator(procs: Processes, run: Run) -> str:

@@ -280,3 +280,86 @@ def test_make_demo_calls_fedprompt_demo() -> None:
     makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
     recipe = makefile.split("\ndemo:", 1)[1].split("\n\n", 1)[0]
     assert "$(BIN)/fedprompt demo --seed $(SEED) --force" in recipe and "simulate" not in recipe
+
+
+# -- simulate says where its coordinator, dashboard and admin token are, and logs its progress -----
+
+
+def test_simulate_announces_the_dashboard_and_the_admin_token(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import stat
+
+    from fedprompt.sim.simulate import announce
+
+    path = announce("http://127.0.0.1:5555", tmp_path, "t" * 40)
+    text = " ".join(capsys.readouterr().out.split())
+    assert path.read_text().strip() == "t" * 40 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert "dashboard http://127.0.0.1:5555/dashboard" in text and f"admin token in {path}" in text
+    assert f"FEDPROMPT_ADMIN_TOKEN=$(cat {path})" in text and "t" * 40 not in text
+
+
+class _Admin:
+    """A coordinator's answers over time: waiting for clients, round 1 with its uploads, then done."""
+
+    def __init__(self) -> None:
+        from tests.sim.test_simulate_parts import _round
+
+        waiting = {"state": "waiting", "open_round": None, "clients": {"enrolled": 1, "active": 1}}
+        more = {**waiting, "clients": {"enrolled": 2, "active": 2}}
+
+        def open_with(uploaded: int) -> dict[str, Any]:
+            parts = [{"uploaded": i < uploaded} for i in range(2)]
+            return {
+                **more,
+                "state": "running",
+                "open_round": {"round": 1, "attempt": 1, "participants": parts},
+            }
+
+        done = {**more, "state": "completed", "open_round": None}
+        self.statuses = [waiting, waiting, more, open_with(0), open_with(1), open_with(1), done]
+        self.closed = [_round(1) | {"evaluation": {"accuracy": 0.7, "clients": 2, "num_samples": 20}}]
+
+    def federation(self, fid: int) -> dict[str, Any]:
+        return self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
+
+    def rounds(self, fid: int) -> list[dict[str, Any]]:
+        return self.closed if self.statuses[0]["state"] == "completed" else []
+
+    def evaluation(self, fid: int, version: int) -> dict[str, Any]:
+        return {"accuracy": 0.5, "clients": 2, "num_samples": 20}
+
+
+class _Procs:
+    peak_rss = 0
+
+    def check(self) -> None:
+        pass
+
+    def rss_bytes(self) -> int:
+        return 0
+
+
+def test_without_a_terminal_simulate_logs_a_line_per_round_attempt_and_upload(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fedprompt.sim import progress
+
+    from tests.sim.test_simulate_parts import SPEC
+
+    monkeypatch.setattr(progress.time, "sleep", lambda s: None)
+    records, initial = progress.follow(_Admin(), 1, {**SPEC, "rounds": 1}, 2, _Procs())  # type: ignore[arg-type]
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert lines[:4] == [
+        "waiting for clients: 1/2 enrolled",
+        "waiting for clients: 2/2 enrolled",
+        "round 1/1 attempt 1: 0/2 uploads",
+        "round 1/1 attempt 1: 1/2 uploads",
+    ]
+    table = [line.split() for line in lines[4:]]
+    assert table[1][:3] == ["0", "0", "50.0"] and table[2][:3] == ["1", "3", "70.0"]  # round 0, then round 1
+    assert [r["round"] for r in records] == [1] and initial == {
+        "accuracy": 0.5,
+        "clients": 2,
+        "num_samples": 20,
+    }
