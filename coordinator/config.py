@@ -8,7 +8,7 @@ import secrets
 from pathlib import Path
 
 from fedprompt.coordinator.ratelimit import parse_limits
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -119,6 +119,18 @@ class Settings(BaseSettings):
         "X-Forwarded-For and X-Forwarded-Proto are believed; empty (the default): none, not even "
         "loopback, so rate limits key on the connection's own address.",
     )
+    tls_cert_file: Path | None = Field(
+        None,
+        description="PEM certificate (chain) to serve HTTPS with; needs FEDPROMPT_TLS_KEY_FILE. None: plain "
+        "HTTP (behind a TLS-terminating proxy, or on loopback).",
+    )
+    tls_key_file: Path | None = Field(None, description="PEM private key of FEDPROMPT_TLS_CERT_FILE.")
+    tls_client_ca_file: Path | None = Field(
+        None,
+        description="Mutual TLS: PEM CA certificate(s) that sign the sites' client certificates. A client "
+        "then enrols with a certificate from this CA, its fingerprint is bound to it, and every request "
+        "with its token must come with that certificate (403 otherwise). Needs FEDPROMPT_TLS_CERT_FILE.",
+    )
     long_poll_interval_s: float = Field(0.25, gt=0)
     threads: int = Field(
         8, ge=1, le=1000, description="Threads that serve requests' database work (uploads excepted)."
@@ -183,6 +195,22 @@ class Settings(BaseSettings):
     def _rate_limit(cls, v: str) -> str:
         parse_limits(v)
         return v
+
+    @model_validator(mode="after")
+    def _tls(self) -> Settings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError(
+                "FEDPROMPT_TLS_CERT_FILE and FEDPROMPT_TLS_KEY_FILE go together: set both or neither"
+            )
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError(
+                "FEDPROMPT_TLS_CLIENT_CA_FILE (mutual TLS) needs FEDPROMPT_TLS_CERT_FILE and _KEY_FILE"
+            )
+        for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"FEDPROMPT_{name.upper()}={path}: no such file")
+        return self
 
     @property
     def url(self) -> str:

@@ -91,6 +91,8 @@ class Client(Base):
     # base64 Ed25519 public key the client signs secure rounds with: pinned the first time it is shown,
     # never replaced (docs/secure-aggregation.md)
     signing_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # hex SHA-256 of the client certificate it enrolled with under mutual TLS (api/tls.py)
+    tls_fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class Round(Base):

@@ -26,6 +26,7 @@ is no per-address connection cap: behind a reverse proxy every connection has th
 from __future__ import annotations
 
 import asyncio
+import ssl
 from typing import Any
 
 from fedprompt.coordinator.config import Settings
@@ -60,6 +61,7 @@ def guarded_protocol(
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._head_timer: asyncio.TimerHandle | None = None
+            self._tls: dict[str, Any] | None = None
             self._rest_timer: asyncio.TimerHandle | None = None
             self._head_bytes = 0
             self._refused = False
@@ -106,6 +108,7 @@ def guarded_protocol(
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self._tls = tls_extension(transport)
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
@@ -126,6 +129,8 @@ def guarded_protocol(
             self._head_bytes = 0
             self._arm()  # the idle time before it was the keep-alive timeout's
             super().on_message_begin()
+            if self._tls is not None:  # the ASGI TLS extension: the client's certificate, if it sent one
+                self.scope["extensions"] = {**self.scope.get("extensions", {}), "tls": self._tls}
 
         def _count(self, n: int) -> bool:
             self._head_bytes += n
@@ -177,11 +182,44 @@ def guarded_protocol(
     return GuardedHttpToolsProtocol
 
 
+def tls_extension(transport: asyncio.BaseTransport) -> dict[str, Any] | None:
+    """The ASGI TLS extension of a connection (None on plain HTTP): its client certificate as PEM in
+    ``client_cert_chain`` (empty when the client sent none; verified against the client CA by then)."""
+    tls = transport.get_extra_info("ssl_object")
+    if tls is None:
+        return None
+    der = tls.getpeercert(binary_form=True)
+    return {
+        "server_cert": None,
+        "client_cert_chain": [ssl.DER_cert_to_PEM_cert(der)] if der else [],
+        "client_cert_name": None,
+        "client_cert_error": None,
+        "tls_version": None,
+        "cipher_suite": None,
+    }
+
+
+def tls_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's TLS options: HTTPS with the settings' certificate; with a client CA (mutual TLS) a
+    client certificate is asked for and verified when sent. It is optional at the handshake (the
+    operator's browser and curl need none); a client's token is bound to its certificate instead
+    (api/tls.py), so a site without the certificate it enrolled with is refused."""
+    if settings.tls_cert_file is None:
+        return {}
+    options: dict[str, Any] = {
+        "ssl_certfile": str(settings.tls_cert_file),
+        "ssl_keyfile": str(settings.tls_key_file),
+    }
+    if settings.tls_client_ca_file is not None:
+        options |= {"ssl_ca_certs": str(settings.tls_client_ca_file), "ssl_cert_reqs": ssl.CERT_OPTIONAL}
+    return options
+
+
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
-    """The uvicorn.run options that enforce the settings' connection limits and proxy trust."""
+    """The uvicorn.run options that enforce the settings' connection limits, proxy trust and TLS."""
     protocol = guarded_protocol(settings.header_timeout_s, settings.max_header_bytes, settings.body_timeout_s)
     trusted = settings.trusted_proxies
-    return {
+    return tls_options(settings) | {
         "http": protocol or "h11",
         "h11_max_incomplete_event_size": settings.max_header_bytes,  # the h11 fallback's head limit
         "timeout_keep_alive": settings.keep_alive_s,

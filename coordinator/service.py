@@ -101,9 +101,16 @@ class Coordinator:
         num_samples: int,
         info: dict[str, Any],
         model_parameters: int | None = None,
+        tls_fingerprint: str | None = None,
     ) -> tuple[Client, str]:
         return self.enrolment.enroll(
-            fid, token, name=name, num_samples=num_samples, info=info, model_parameters=model_parameters
+            fid,
+            token,
+            name=name,
+            num_samples=num_samples,
+            info=info,
+            model_parameters=model_parameters,
+            tls_fingerprint=tls_fingerprint,
         )
 
     def state_model_parameters(self, client: Client, stated: int) -> int | None:

@@ -1,4 +1,5 @@
-"""A typed httpx client of the coordinator's REST API, used by workers, the CLI and tests."""
+"""A typed httpx client of the coordinator's REST API, used by workers, the CLI and tests. Over
+https it verifies the coordinator (and presents the site's certificate) as shared/tls.py says."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from fedprompt.shared.tls import ClientTLS
 
 API = "/api/v1"
 
@@ -39,10 +41,16 @@ class CoordinatorClient:
         *,
         timeout: float = 60.0,
         transport: httpx.BaseTransport | None = None,
+        tls: ClientTLS | None = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.tls = ClientTLS.from_env() if tls is None else tls
         self.http = httpx.Client(
-            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=timeout,
+            transport=transport,
+            verify=self.tls.verify() if base_url.startswith("https:") and transport is None else True,
         )
 
     def close(self) -> None:
@@ -62,6 +70,7 @@ class CoordinatorClient:
             token,
             timeout=self.http.timeout.read or 60.0,
             transport=self.http._transport,
+            tls=self.tls,
         )
 
     def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:

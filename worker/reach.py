@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+from fedprompt.shared.tls import ClientTLS
 
 log = logging.getLogger("fedprompt.worker")
 
@@ -39,6 +40,12 @@ def backoff(attempt: int, cap: float = 30.0) -> float:
     return min(cap, 2.0 ** (attempt - 1))
 
 
+def _healthz(base: str) -> httpx.Response:
+    """GET /healthz, verifying an https coordinator as every other call does (shared/tls.py)."""
+    verify = ClientTLS.from_env().verify() if base.startswith("https:") else True
+    return httpx.get(f"{base.rstrip('/')}/healthz", timeout=5.0, verify=verify)
+
+
 def wait_reachable(
     url: str,
     give_up_after: float,
@@ -51,7 +58,7 @@ def wait_reachable(
     """Probe `url`/healthz until the coordinator answers (any status below 500), retrying with backoff;
     Unreachable once `give_up_after` seconds have passed. False when `stop` was set meanwhile."""
     stop = stop or threading.Event()
-    probe = probe or (lambda base: httpx.get(f"{base.rstrip('/')}/healthz", timeout=5.0))
+    probe = probe or _healthz
     wait = sleep or stop.wait
     started = clock()
     attempt = 0

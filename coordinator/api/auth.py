@@ -16,6 +16,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fedprompt.coordinator.api.ratelimit_dep import WrongAdminToken, counting_failures
 from fedprompt.coordinator.api.session import SESSION_COOKIE, check_csrf, has_session, uses_session
+from fedprompt.coordinator.api.tls import check_client_certificate
 from fedprompt.coordinator.config import Settings
 from fedprompt.coordinator.db import Client
 from fedprompt.coordinator.errors import Unauthorized
@@ -84,6 +85,7 @@ def authorize(
             return None
         assert service is not None and fid is not None
         client = service.authenticate_client(fid, token)
+    check_client_certificate(request, client, settings)
     request.state.client_id = client.id  # for the access log and per-client refusal counts
     return client
 

@@ -59,8 +59,10 @@ class Enrolment:
         num_samples: int,
         info: dict[str, Any],
         model_parameters: int | None = None,
+        tls_fingerprint: str | None = None,
     ) -> tuple[Client, str]:
-        """Exchange an enrolment token for a client id and a client token (shown once).
+        """Exchange an enrolment token for a client id and a client token (shown once); under mutual
+        TLS the client is bound to the fingerprint of the certificate it enrolled with.
 
         A stated ``model_parameters`` becomes the federation's full-model figure when neither its spec
         (params_full_model) nor an earlier enrolment has set one; a different later figure is ignored
@@ -100,6 +102,7 @@ class Enrolment:
                 info=info,
                 enrolled_at=now,
                 last_seen_at=now,
+                tls_fingerprint=tls_fingerprint,
             )
             s.add(client)
             s.flush()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Response
-from fedprompt.coordinator.api.deps import AdminDep, ClientDep, EnrolmentDep, ServiceDep
+from fastapi import APIRouter, Request, Response
+from fedprompt.coordinator.api.deps import AdminDep, ClientDep, EnrolmentDep, ServiceDep, SettingsDep
 from fedprompt.coordinator.api.jsonbody import BoundedJSONRoute
 from fedprompt.coordinator.api.paths import FEDERATION
 from fedprompt.coordinator.api.problems import API_ERRORS, problem_responses
@@ -19,6 +19,7 @@ from fedprompt.coordinator.api.schemas import (
     ModelParametersStatement,
     TokenRequest,
 )
+from fedprompt.coordinator.api.tls import enrolment_certificate
 
 router = APIRouter(prefix=FEDERATION, tags=["clients"], responses=API_ERRORS, route_class=BoundedJSONRoute)
 
@@ -37,8 +38,16 @@ def create_token(fid: IdPath, service: ServiceDep, body: TokenRequest | None = N
     response_model=Enrolled,
     responses=problem_responses(409, e409="the model's fingerprint differs"),
 )
-def enroll(fid: IdPath, body: EnrollRequest, token: EnrolmentDep, service: ServiceDep) -> dict[str, Any]:
-    """Enrol with an enrolment token (Bearer); returns a client id and a client token, shown once."""
+def enroll(
+    fid: IdPath,
+    body: EnrollRequest,
+    token: EnrolmentDep,
+    service: ServiceDep,
+    settings: SettingsDep,
+    request: Request,
+) -> dict[str, Any]:
+    """Enrol with an enrolment token (Bearer); returns a client id and a client token, shown once.
+    Under mutual TLS the connection's client certificate is bound to the new client."""
     client, client_token = service.enroll(
         fid,
         token,
@@ -46,6 +55,7 @@ def enroll(fid: IdPath, body: EnrollRequest, token: EnrolmentDep, service: Servi
         num_samples=body.num_samples,
         info=body.info,
         model_parameters=body.model_parameters,
+        tls_fingerprint=enrolment_certificate(request, settings),
     )
     return {
         "client_id": client.id,
