@@ -234,7 +234,8 @@ def config_error_line(exc: ValidationError, prefix: str = "FEDPROMPT_") -> str:
         name = ".".join(str(p) for p in error["loc"]) or "settings"
         message = error["msg"].removeprefix("Value error, ")
         variable = f"{prefix}{name.upper()}"
-        if message.startswith(variable):  # the validator's message names it already
+        if message.startswith(variable) or (not error["loc"] and message.startswith(prefix)):
+            # the validator's message names the setting(s) already
             parts.append(message)
             continue
         given = error.get("input")

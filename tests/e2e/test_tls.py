@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import re
 import ssl
 import subprocess
 import time
@@ -219,3 +220,26 @@ def test_client_tls_settings_are_checked_in_one_line(pki: Path, tmp_path: Path) 
     }
     assert isinstance(ClientTLS.from_env(env).verify(), ssl.SSLContext)
     assert ClientTLS.from_env({}).verify() is True
+
+
+def test_server_tls_settings_are_checked_in_one_line(pki: Path, tmp_path: Path) -> None:
+    from fedprompt.coordinator.config import Settings, config_error_line
+    from pydantic import ValidationError
+
+    base = {"admin_token": ADMIN, "data_dir": tmp_path}
+    for given, says in (
+        (
+            {"tls_cert_file": pki / "server.pem"},
+            "FEDPROMPT_TLS_CERT_FILE and FEDPROMPT_TLS_KEY_FILE go together",
+        ),
+        ({"tls_client_ca_file": pki / "ca.pem"}, r"FEDPROMPT_TLS_CLIENT_CA_FILE \(mutual TLS\) needs"),
+        (
+            {"tls_cert_file": tmp_path / "no.pem", "tls_key_file": pki / "server.key"},
+            "FEDPROMPT_TLS_CERT_FILE=.*no.pem: no such file",
+        ),
+    ):
+        with pytest.raises(ValidationError) as refused:
+            Settings(**base, **given)
+        line = config_error_line(refused.value)
+        assert "\n" not in line and line.startswith("FEDPROMPT_TLS_"), line
+        assert re.search(says, line), line
