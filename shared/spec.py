@@ -151,6 +151,11 @@ class SecureAggregationSpec(BaseModel):
         le=86400,
         description="Deadline of the key, share and unmasking stages (the masked upload has round_deadline_s).",
     )
+    report_confusion: bool = Field(
+        False,
+        description="Whether clients send their evaluation confusion matrix (their label mix and errors per "
+        "class) in evaluation reports; off, reports leave the per-class counts out.",
+    )
 
 
 # Hyper-parameters each server optimiser takes and their defaults: Flower's strategies of the same names

@@ -31,7 +31,7 @@ from fedprompt.worker.poison import Backdoor
 from fedprompt.worker.protocol import Engine, EngineFactory
 from fedprompt.worker.release import evaluation_report, release
 from fedprompt.worker.retry import Stopped, with_retries
-from fedprompt.worker.secagg import SecureStages
+from fedprompt.worker.secagg import SecureStages, evaluation_in_the_clear
 from fedprompt.worker.slots import ElasticThreads, training_slot
 from fedprompt.worker.state import StateDir
 
@@ -239,6 +239,8 @@ class Agent:
                 else None
             )
         report = evaluation_report(result, asr)
+        if self.spec is not None and self.spec.secure_aggregation is not None:
+            report = evaluation_in_the_clear(report, self.spec.secure_aggregation.report_confusion)
         self.status.last_eval = {"version": version, **report}
         if self.metrics is not None:
             self.metrics.eval_accuracy.set(result.accuracy)

@@ -31,6 +31,19 @@ from fedprompt.shared.secagg.protocol import RoundSecrets, b64, unb64
 from fedprompt.worker.state import _atomic_write
 
 
+def evaluation_in_the_clear(report: Mapping[str, Any], report_confusion: bool) -> dict[str, Any]:
+    """An evaluation report as it may leave a client of a secure federation: without its confusion
+    counts (its label mix, per class) unless the spec's secure_aggregation.report_confusion allows them."""
+    out = dict(report)
+    if not report_confusion and "metrics" in out:
+        metrics = {k: v for k, v in out["metrics"].items() if not k.startswith("confusion_")}
+        if metrics:
+            out["metrics"] = metrics
+        else:
+            del out["metrics"]
+    return out
+
+
 class SecureStages:
     """One client's secure-aggregation stages for one federation."""
 

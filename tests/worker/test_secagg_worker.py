@@ -10,7 +10,8 @@ import pytest
 from fedprompt.shared.secagg import signing
 from fedprompt.shared.secagg.client import Policy
 from fedprompt.shared.secagg.protocol import ProtocolError, unb64
-from fedprompt.worker.secagg import SecureStages
+from fedprompt.shared.spec import FederationSpec
+from fedprompt.worker.secagg import SecureStages, evaluation_in_the_clear
 
 
 def _mode(path: Path) -> int:
@@ -49,3 +50,22 @@ def test_no_masked_vector_without_shares_and_no_unmasking_without_a_signed_set(t
         stages.masked(task, [0.0] * 4, 5, {})
     with pytest.raises(ProtocolError, match="no survivor set"):
         stages.answer({"stage": "unmask", "round": 2, "attempt": 1, "index": 1, "survivors": [1, 2, 3]})
+
+
+def test_evaluation_reports_leave_the_confusion_counts_out_unless_allowed() -> None:
+    report = {
+        "num_samples": 10,
+        "accuracy": 0.5,
+        "loss": 0.7,
+        "metrics": {"confusion_0_0": 3, "confusion_1_0": 2, "asr": 0.1, "asr_samples": 4},
+    }
+    assert evaluation_in_the_clear(report, False) == {
+        "num_samples": 10,
+        "accuracy": 0.5,
+        "loss": 0.7,
+        "metrics": {"asr": 0.1, "asr_samples": 4},
+    }
+    assert evaluation_in_the_clear(report, True) == report
+    bare = {**report, "metrics": {"confusion_0_0": 3}}
+    assert "metrics" not in evaluation_in_the_clear(bare, False)
+    assert FederationSpec(min_clients=3, secure_aggregation={}).secure_aggregation.report_confusion is False
