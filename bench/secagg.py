@@ -1,18 +1,20 @@
 """Secure aggregation's cost: bytes per client and round wall time, against plain FedAvg in the same run.
 
-    python -m bench.secagg [--k 10,100,1000] [--elements 7680] [--threads 8]
+    python -m bench.secagg [--k 10,100,1000] [--repeats 3] [--threads 8]
 
-For each K a fresh ``fedprompt-coordinator serve`` (SQLite, loopback) holds two federations of one
-round each, with the same K clients' worth of enrolments: plain FedAvg and secure aggregation (the
-spec's defaults, k = 2·⌈log2 K⌉ neighbours). Simulated clients (a thread pool in this process, over
-HTTP) answer their tasks as workers do, without training: plain clients download the prompt and
-upload a random update; secure clients also advertise keys, send their envelopes, upload a masked
-vector and unmask. Each client counts the bytes it sent (request bodies) and received (response
+For each K and repeat a fresh ``fedprompt-coordinator serve`` (SQLite, loopback) holds two
+federations of one round each, with the same K clients' worth of enrolments: plain FedAvg and secure
+aggregation (the spec's defaults: k from shared/secagg/graph.py's bound). Simulated clients (a
+thread pool in this process, over HTTP) answer their tasks as workers do, without training: plain
+clients download the prompt and upload a random update; secure clients answer every stage through
+the worker's own secure stages (worker/secagg.py, every check an honest client makes, its state in a
+temporary folder): signed keys, envelopes, a masked vector, the survivor set's signature, unmasking. Each client counts the bytes it sent (request bodies) and received (response
 bodies: tasks with their keys and envelopes, the prompt); a round's wall time runs from the first
 task poll to the version's existence. ``client_crypto_s`` is the CPU the simulated clients spent in
 the protocol's own work (keys, Shamir sharing, envelopes, masks), which real clients spend on their
 own machines in parallel; ``coordinator_cpu_s`` is the coordinator process's CPU over the round.
-The plain and secure rounds of one K alternate order from K to K.
+The plain and secure rounds of one run alternate order from run to run. Each K's entry holds every
+repeat and the median of each figure and of each secure ÷ plain ratio (ratios within a repeat).
 
     python -m bench.secagg --compare PLAIN_OUT SECURE_OUT
 
@@ -39,9 +41,10 @@ import httpx
 import numpy as np
 from fedprompt.shared import wire
 from fedprompt.shared.local import free_port, wait_ready
-from fedprompt.shared.secagg import client as stages
 from fedprompt.shared.secagg import quantise
-from fedprompt.shared.secagg.protocol import RoundSecrets
+from fedprompt.shared.secagg.client import Policy
+from fedprompt.shared.spec import FederationSpec
+from fedprompt.worker.secagg import SecureStages
 from sqlalchemy import create_engine, text
 
 from bench.common import proc_cpu_seconds, ratio, write_result
@@ -53,12 +56,20 @@ API = "/api/v1/federations"
 class SimClient:
     """One simulated client: its token, its counters, and its round secrets when secure."""
 
-    def __init__(self, fid: int, token: str, size: int, rng: np.random.Generator) -> None:
-        self.fid, self.headers = fid, {"Authorization": f"Bearer {token}"}
+    def __init__(
+        self,
+        fid: int,
+        enrolled: dict[str, Any],
+        size: int,
+        rng: np.random.Generator,
+        state: Path,
+        policy: Policy | None,
+    ) -> None:
+        self.fid, self.headers = fid, {"Authorization": f"Bearer {enrolled['token']}"}
         self.update = rng.uniform(-0.01, 0.01, size)
         self.up = self.down = 0
         self.crypto_s = 0.0
-        self.secrets: RoundSecrets | None = None
+        self.stages = SecureStages(state, fid, enrolled["client_id"], policy) if policy is not None else None
         self.lock = threading.Lock()
 
     def step(self, http: httpx.Client, shapes: dict[str, tuple[int, ...]]) -> bool:
@@ -71,13 +82,8 @@ class SimClient:
             task = resp.json()
             if task["kind"] == "secagg":
                 started = time.process_time()
-                if self.secrets is None:
-                    self.secrets = RoundSecrets.new()
-                payload = {
-                    "keys": lambda: stages.keys_payload(self.secrets),
-                    "shares": lambda: stages.shares_payload(self.secrets, self.fid, task),
-                    "unmask": lambda: stages.unmask_payload(self.secrets, self.fid, task),
-                }[task["stage"]]()
+                assert self.stages is not None
+                payload = self.stages.answer(task)
                 self.crypto_s += time.process_time() - started
                 sent = http.post(
                     f"{API}/{self.fid}/rounds/{task['round']}/secagg/{task['stage']}",
@@ -100,8 +106,8 @@ class SimClient:
             self.down += len(prompt.content)
             if "secure_aggregation" in task:
                 started = time.process_time()
-                assert self.secrets is not None
-                body = stages.masked_body(self.secrets, self.fid, task, self.update, 10, {"loss": 0.5})
+                assert self.stages is not None
+                body = self.stages.masked(task, self.update, 10, {"loss": 0.5})
                 self.crypto_s += time.process_time() - started
             else:
                 base = wire.decode(prompt.content)[0]
@@ -139,7 +145,7 @@ def _spec(k: int, secure: bool, tokens: int, hidden: int) -> dict[str, Any]:
 
 
 def _round(
-    http: httpx.Client, pid: int, k: int, secure: bool, tokens: int, hidden: int, threads: int
+    http: httpx.Client, pid: int, k: int, secure: bool, tokens: int, hidden: int, threads: int, tmp: Path
 ) -> dict[str, Any]:
     admin = {"Authorization": f"Bearer {ADMIN}"}
     spec = _spec(k, secure, tokens, hidden)
@@ -147,6 +153,7 @@ def _round(
     enrol = http.post(f"{API}/{fid}/enrollment-tokens", json={"max_uses": k}, headers=admin).json()["token"]
     rng = np.random.default_rng(k)
     size = tokens * hidden
+    policy = Policy.from_spec(FederationSpec.model_validate(spec)) if secure else None
     clients = [
         SimClient(
             fid,
@@ -154,9 +161,11 @@ def _round(
                 f"{API}/{fid}/clients",
                 json={"name": f"c{i}", "num_samples": 10},
                 headers={"Authorization": f"Bearer {enrol}"},
-            ).json()["token"],
+            ).json(),
             size,
             rng,
+            tmp / f"{fid}-{i}",
+            policy,
         )
         for i in range(k)
     ]
@@ -182,50 +191,87 @@ def _round(
     }
 
 
-def run(ks: list[int], tokens: int, hidden: int, threads: int) -> dict[str, Any]:
-    """Plain and secure rounds at each K; the secure figures also as ratios to the plain ones."""
-    out: dict[str, Any] = {"prompt": [tokens, hidden], "runs": []}
-    for n, k in enumerate(ks):
-        with tempfile.TemporaryDirectory() as tmp:
-            port = free_port()
-            env = {
-                **os.environ,
-                "FEDPROMPT_DATABASE_URL": f"sqlite:///{tmp}/bench.db",
-                "FEDPROMPT_ADMIN_TOKEN": ADMIN,
-                "FEDPROMPT_DATA_DIR": tmp,
-                "FEDPROMPT_RATE_LIMITS": "false",
-                "FEDPROMPT_SWEEP_INTERVAL_S": "0.2",
-            }
-            exe = str(Path(sys.executable).parent / "fedprompt-coordinator")
-            proc = subprocess.Popen(
-                [exe, "serve", "--port", str(port), "--log-level", "warning"],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            try:
-                url = f"http://127.0.0.1:{port}"
-                wait_ready(url, 60.0, lambda: None)
-                limits = httpx.Limits(max_connections=threads * 2)
-                with httpx.Client(base_url=url, timeout=120, limits=limits) as http:
-                    order = [False, True] if n % 2 == 0 else [True, False]
-                    rounds = {s: _round(http, proc.pid, k, s, tokens, hidden, threads) for s in order}
-            finally:
-                proc.terminate()
-                proc.wait(30)
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return float(np.median(present)) if present else None
+
+
+def run(ks: list[int], tokens: int, hidden: int, threads: int, repeats: int = 3) -> dict[str, Any]:
+    """Plain and secure rounds at each K, `repeats` times; the secure figures also as ratios to the
+    plain ones of the same repeat, and the median of each over the repeats."""
+    out: dict[str, Any] = {"prompt": [tokens, hidden], "repeats": repeats, "runs": []}
+    n = 0
+    for k in ks:
+        repeated = [
+            _one(k, tokens, hidden, threads, order_first_plain=(n + r) % 2 == 0) for r in range(repeats)
+        ]
+        n += repeats
+        figures = (
+            "wall_s",
+            "coordinator_cpu_s",
+            "client_crypto_s",
+            "bytes_up_per_client",
+            "bytes_down_per_client",
+        )
+        entry: dict[str, Any] = {
+            "k": k,
+            "repeats": repeated,
+            "plain": {f: _median([r["plain"][f] for r in repeated]) for f in figures},
+            "secure": {
+                **{f: _median([r["secure"][f] for r in repeated]) for f in figures},
+                **{f: repeated[0]["secure"][f] for f in ("k_neighbours", "t", "stage_bytes_up")},
+            },
+            "secure_over_plain": {
+                key: _median([r["secure_over_plain"][key] for r in repeated])
+                for key in repeated[0]["secure_over_plain"]
+            },
+        }
+        out["runs"].append(entry)
+        plain, secure = entry["plain"], entry["secure"]
+        print(
+            f"K={k} (median of {repeats}): wall {plain['wall_s']:.2f} s plain, {secure['wall_s']:.2f} s secure; "
+            f"up/client {plain['bytes_up_per_client']:.0f} / {secure['bytes_up_per_client']:.0f} B; down/client "
+            f"{plain['bytes_down_per_client']:.0f} / {secure['bytes_down_per_client']:.0f} B",
+            flush=True,
+        )
+    return out
+
+
+def _one(k: int, tokens: int, hidden: int, threads: int, *, order_first_plain: bool) -> dict[str, Any]:
+    """One plain and one secure round of K clients on a fresh coordinator."""
+    with tempfile.TemporaryDirectory() as tmp:
+        port = free_port()
+        env = {
+            **os.environ,
+            "FEDPROMPT_DATABASE_URL": f"sqlite:///{tmp}/bench.db",
+            "FEDPROMPT_ADMIN_TOKEN": ADMIN,
+            "FEDPROMPT_DATA_DIR": tmp,
+            "FEDPROMPT_RATE_LIMITS": "false",
+            "FEDPROMPT_SWEEP_INTERVAL_S": "0.2",
+        }
+        exe = str(Path(sys.executable).parent / "fedprompt-coordinator")
+        proc = subprocess.Popen(
+            [exe, "serve", "--port", str(port), "--log-level", "warning"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_ready(url, 60.0, lambda: None)
+            limits = httpx.Limits(max_connections=threads * 2)
+            with httpx.Client(base_url=url, timeout=120, limits=limits) as http:
+                order = [False, True] if order_first_plain else [True, False]
+                rounds = {s: _round(http, proc.pid, k, s, tokens, hidden, threads, Path(tmp)) for s in order}
+        finally:
+            proc.terminate()
+            proc.wait(30)
         plain, secure = rounds[False], rounds[True]
         ratios = {
             key: ratio(secure[key], plain[key])
             for key in ("wall_s", "coordinator_cpu_s", "bytes_up_per_client", "bytes_down_per_client")
         }
-        out["runs"].append({"k": k, "plain": plain, "secure": secure, "secure_over_plain": ratios})
-        print(
-            f"K={k}: wall {plain['wall_s']:.2f} s plain, {secure['wall_s']:.2f} s secure; up/client "
-            f"{plain['bytes_up_per_client']:.0f} / {secure['bytes_up_per_client']:.0f} B; down/client "
-            f"{plain['bytes_down_per_client']:.0f} / {secure['bytes_down_per_client']:.0f} B",
-            flush=True,
-        )
-    return out
+        return {"plain": plain, "secure": secure, "secure_over_plain": ratios}
 
 
 def _versions(out: Path) -> dict[int, np.ndarray]:
@@ -277,13 +323,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=20)
     parser.add_argument("--hidden", type=int, default=384)
     parser.add_argument("--threads", type=int, default=8, help="simulated clients answering at once")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each K (medians reported)")
     parser.add_argument("--out-dir", type=Path, default=None, help="results folder (default bench/results)")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("PLAIN_OUT", "SECURE_OUT"))
     args = parser.parse_args(argv)
     if args.compare:
         print(write_result("secagg-sst2", compare(*args.compare), out_dir=args.out_dir))
         return
-    result = run([int(k) for k in args.k.split(",")], args.tokens, args.hidden, args.threads)
+    result = run([int(k) for k in args.k.split(",")], args.tokens, args.hidden, args.threads, args.repeats)
     print(write_result("secagg", result, out_dir=args.out_dir))
 
 

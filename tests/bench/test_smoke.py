@@ -155,5 +155,6 @@ def test_secagg_runs_a_plain_and_a_secure_round_per_k(tmp_path: Path) -> None:
     secagg.main(["--k", "3", "--tokens", "2", "--hidden", "4", "--threads", "2", "--out-dir", str(tmp_path)])
     (run,) = _result(tmp_path, "secagg")["runs"]
     assert run["k"] == 3 and run["secure"]["k_neighbours"] == 2 and run["secure"]["t"] == 2
-    assert set(run["secure"]["stage_bytes_up"]) == {"keys", "shares", "masked", "unmask"}
+    assert set(run["secure"]["stage_bytes_up"]) == {"keys", "shares", "masked", "consistency", "unmask"}
+    assert len(run["repeats"]) == 3
     assert run["secure_over_plain"]["bytes_up_per_client"] > 1
