@@ -46,6 +46,7 @@ class SecureRounds:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._plans: dict[tuple[int, str], rules.Plan] = {}  # (round attempt id, graph seed) -> plan
+        self._rosters: dict[tuple[int, str], dict[str, Any]] = {}  # (round attempt id, graph seed) -> roster
         self._plans_lock = threading.Lock()
 
     def _plan(self, sa_row: SecaggRound) -> rules.Plan:
@@ -60,6 +61,28 @@ class SecureRounds:
                     self._plans.pop(next(iter(self._plans)))
                 self._plans[key] = plan
             return plan
+
+    def _roster(self, s: Session, round_id: int, plan: rules.Plan, numbers: list[int]) -> dict[str, Any]:
+        """The attempt's roster as the shares tasks show it (number -> client id, signing key, digest of
+        the signed advertisement), built once per process: it never changes once the keys stage closed."""
+        key = (round_id, plan.seed)
+        with self._plans_lock:
+            roster = self._rosters.get(key)
+        if roster is None:
+            client_of = plan.client_of()
+            roster = {
+                str(j): {
+                    "client_id": client_of[j],
+                    "signing_key": a["signing_key"],
+                    "digest": signing.roster_digest(client_of[j], a),
+                }
+                for j, a in msgs.adverts(s, round_id, plan, numbers).items()
+            }
+            with self._plans_lock:
+                if len(self._rosters) >= PLAN_CACHE_ENTRIES:
+                    self._rosters.pop(next(iter(self._rosters)))
+                self._rosters[key] = roster
+        return roster
 
     # -- the round cycle's side -----------------------------------------------------------------
 
@@ -244,20 +267,12 @@ class SecureRounds:
             return {**base, "client_id": client_id}
         if stage == "shares":
             client_of = plan.client_of()
-            adverts = msgs.adverts(s, rnd.id, plan, reached["keys"])
-            roster = {
-                str(j): {
-                    "client_id": client_of[j],
-                    "signing_key": a["signing_key"],
-                    "digest": signing.roster_digest(client_of[j], a),
-                }
-                for j, a in adverts.items()
-            }
             peers = rules.recipients(plan, own, set(reached["keys"]))
+            adverts = msgs.adverts(s, rnd.id, plan, peers)
             return {
                 **base,
                 "k": plan.k,
-                "roster": roster,
+                "roster": self._roster(s, rnd.id, plan, reached["keys"]),
                 "neighbours": {str(j): {"client_id": client_of[j], **adverts[j]} for j in peers},
             }
         if stage == "consistency":
