@@ -15,10 +15,12 @@ import pytest
 from fastapi.testclient import TestClient
 from fedprompt.coordinator.app import create_app
 from fedprompt.coordinator.config import Settings
-from fedprompt.coordinator.db import SecaggMessage, Update, make_engine, make_sessionmaker
+from fedprompt.coordinator.db import Round, SecaggMessage, SecaggRound, Update, make_engine, make_sessionmaker
+from fedprompt.coordinator.logic import secagg as rules
 from fedprompt.coordinator.migrate import upgrade
+from fedprompt.coordinator.usecases import secagg_messages as msgs
 from fedprompt.shared import wire
-from fedprompt.shared.secagg import protocol, quantise
+from fedprompt.shared.secagg import masks, protocol, quantise, shamir
 from fedprompt.shared.spec import FederationSpec, initial_prompt
 from sqlalchemy import select
 
@@ -232,3 +234,42 @@ def test_robust_rule_with_secure_aggregation_is_refused(sqlite_api) -> None:  # 
     assert answer.status_code == 422
     assert answer.headers["content-type"].startswith("application/problem+json")
     assert "robust rule needs each update" in answer.json()["detail"]
+
+
+def test_the_coordinators_own_data_opens_no_single_update(sqlite_api) -> None:  # type: ignore[no-untyped-def]
+    """What the coordinator holds after a round (masked vectors, weights, every revealed share) rebuilds
+    each survivor's self-mask seed, as unmasking must; removing that mask from one client's vector
+    still leaves its pairwise masks, so no update comes out. The same steps applied to a vector masked
+    without pairwise masks give the update back: the check can fail."""
+    api, clock = sqlite_api
+    fid, clients = _federation(api)
+    _drive(api, clients, fid, clock, until=1)
+    spec = FederationSpec.model_validate(SPEC)
+    size = sum(int(np.prod(s)) for s in spec.tensor_shapes().values())
+    with api.app.state.service.store.sessions() as s:
+        rnd = s.scalars(select(Round).where(Round.federation_id == fid, Round.number == 1)).one()
+        plan = rules.Plan.from_json(s.get(SecaggRound, rnd.id).plan)
+        revealed = msgs.revealed(s, rnd.id, plan)
+        blobs = {
+            cid: (blob, w)
+            for cid, blob, w in s.execute(
+                select(Update.client_id, Update.blob, Update.num_samples).where(Update.round_id == rnd.id)
+            )
+        }
+
+    def opened(vector: np.ndarray, seed: bytes, weight: int) -> np.ndarray:
+        rest = vector - masks.expand(seed, size)
+        return quantise.dequantise(rest.astype(np.float64) / weight, SA["clip"], SA["bits"])
+
+    bound = quantise.error_bound(SA["clip"], SA["bits"])
+    for c in clients:
+        index = plan.indices[c.client_id]
+        seed = shamir.reconstruct(revealed[index], plan.t)
+        blob, weight = blobs[c.client_id]
+        assert np.abs(opened(protocol.decode_masked(blob, size), seed, weight) - c.update).max() > 0.1
+    # the control: the first client's vector had it masked with no neighbour
+    first = clients[0]
+    own = first.stages.secrets_for(1, 1)
+    levels = quantise.weighted(quantise.quantise(first.update, SA["clip"], SA["bits"]), first.weight)
+    alone = protocol.masked_vector(own, plan.indices[first.client_id], levels, {}, b"unused")
+    assert np.abs(opened(alone, own.self_seed, first.weight) - first.update).max() <= bound + 1e-9
