@@ -18,7 +18,7 @@ from fedprompt.coordinator.api.body_limit import BodyLimitMiddleware
 from fedprompt.coordinator.api.longpoll import TaskPoll
 from fedprompt.coordinator.api.perloop import PerLoop
 from fedprompt.coordinator.api.routes import clients, dashboard, export, federations, health, rounds, secagg
-from fedprompt.coordinator.apidocs import mount_api_docs
+from fedprompt.shared.apidocs import mount_api_docs
 from fedprompt.coordinator.config import Settings
 from fedprompt.coordinator.dashboard import STATIC_DIR
 from fedprompt.coordinator.db import make_engine, make_sessionmaker

@@ -1,6 +1,6 @@
 """/docs (Swagger UI) and /redoc served with their scripts and styles from the package, so the API's
 pages work with no network: FastAPI's defaults load them from a CDN. The coordinator and the worker
-both mount them. The vendored files and their licences: dashboard/static/vendor/{swagger_ui,redoc}."""
+both mount them. The vendored files and their licences: shared/vendor/{swagger_ui,redoc}."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-VENDOR_DIR = Path(__file__).resolve().parent / "dashboard" / "static" / "vendor"
+VENDOR_DIR = Path(__file__).resolve().parent / "vendor"
 ASSETS = "/api-docs-assets"
 FAVICON = "data:,"  # no icon rather than one fetched from the internet
 

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Response
-from fedprompt.coordinator.apidocs import mount_api_docs
+from fedprompt.shared.apidocs import mount_api_docs
 from fedprompt.worker.pool import Pool
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
