@@ -97,7 +97,13 @@ def check_out(opts: Any, out: Path) -> OutState:
     differ = differences(stored, current := recorded_options(opts), setup.get("lr"))
     if not differ:
         return OutState.CONTINUE
-    old = ", ".join(_text(n, stored.get(n)) for n in differ)
+    resolved = setup.get("lr")
+    old = ", ".join(
+        f"lr {resolved:g} (the default)"
+        if n == "lr" and stored.get(n) is None and resolved
+        else _text(n, stored.get(n))
+        for n in differ
+    )
     new = ", ".join(_text(n, current.get(n)) for n in differ)
     raise OutError(
         f"{out} holds a run with {old}; this command has {new}: repeat that run's options (with --resume) to "

@@ -137,6 +137,10 @@ def train_local_command(
 
     console = Console(width=None if sys.stdout.isatty() else 160)
     tty = sys.stdout.isatty()
+    if not tty:  # a log (simulate's baseline, a pipe): no third-party progress bars in it
+        from fedprompt.worker.quiet import quiet_third_party
+
+        quiet_third_party()
 
     def fail(message: str) -> NoReturn:
         console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
