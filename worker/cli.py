@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from pathlib import Path
@@ -30,6 +31,47 @@ PortOption = Annotated[
     int, typer.Option(envvar="FEDPROMPT_WORKER_PORT", help="Port of the worker's own API.")
 ]
 LogLevelOption = Annotated[str, typer.Option(envvar="FEDPROMPT_LOG_LEVEL", help="Log level.")]
+TokenFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="FEDPROMPT_WORKER_TOKEN_FILE",
+        help="File holding the token the worker's own API asks for on every path but /healthz "
+        "(or set FEDPROMPT_WORKER_TOKEN); needed to bind a non-loopback --host.",
+    ),
+]
+
+
+def api_token(host: str, token_file: Path | None) -> str | None:
+    """The worker API's token (FEDPROMPT_WORKER_TOKEN, or the file), or a one-line exit (2) when the
+    API would be reachable from other machines without one."""
+    token = os.environ.get("FEDPROMPT_WORKER_TOKEN") or None
+    if token_file is not None:
+        try:
+            token = token_file.read_text().strip() or None
+        except OSError as exc:
+            typer.echo(f"error: cannot read the worker token file: {exc}", err=True)
+            raise typer.Exit(2) from None
+    if token is not None and len(token) < 16:
+        typer.echo("error: FEDPROMPT_WORKER_TOKEN must be at least 16 characters", err=True)
+        raise typer.Exit(2)
+    if token is None and not _loopback(host):
+        typer.echo(
+            f"error: --host {host} exposes this worker's /status and /metrics to other machines: set "
+            "FEDPROMPT_WORKER_TOKEN or FEDPROMPT_WORKER_TOKEN_FILE (a token of 16+ characters), or bind 127.0.0.1",
+            err=True,
+        )
+        raise typer.Exit(2)
+    return token
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
 
 app = make_app(
     "fedprompt worker: trains a soft prompt locally against a frozen PLM.",
@@ -67,6 +109,7 @@ def serve(
     ] = Path("worker-state"),
     host: HostOption = "127.0.0.1",
     port: PortOption = 8100,
+    token_file: TokenFileOption = None,
     partition: Annotated[
         str,
         typer.Option(envvar="FEDPROMPT_PARTITION", help="iid | quantity:ALPHA | label:ALPHA (simulation)."),
@@ -135,6 +178,7 @@ def serve(
 ) -> None:
     """Enroll with the coordinator, then train and evaluate the global prompt on local data."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    token = api_token(host, token_file)
     from fedprompt.shared.logs import configure_logging
 
     client_name = name or f"{socket.gethostname()}-{partition_id}"
@@ -229,7 +273,11 @@ def serve(
 
     pool = Pool([agent], give_up_after=give_up_after, on_fatal=on_fatal)
     config = uvicorn.Config(
-        create_app(pool, WorkerMetrics()), host=host, port=port, log_level="warning", log_config=None
+        create_app(pool, WorkerMetrics(), token=token),
+        host=host,
+        port=port,
+        log_level="warning",
+        log_config=None,
     )
     server = uvicorn.Server(config)
     server.run()
@@ -246,11 +294,13 @@ def pool(
     ],
     host: HostOption = "127.0.0.1",
     port: PortOption = 8100,
+    token_file: TokenFileOption = None,
     log_level: LogLevelOption = "info",
     log_format: LogFormatOption = "auto",
 ) -> None:
     """Serve several clients from one process: one model in memory, one identity and shard per client."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    token = api_token(host, token_file)
     from fedprompt.shared.logs import configure_logging
     from fedprompt.worker.data import DataError
     from fedprompt.worker.pool import PoolConfig, build_pool
@@ -278,7 +328,11 @@ def pool(
     from fedprompt.worker.app import WorkerMetrics, create_app
 
     uvicorn.run(
-        create_app(clients, WorkerMetrics()), host=host, port=port, log_level="warning", log_config=None
+        create_app(clients, WorkerMetrics(), token=token),
+        host=host,
+        port=port,
+        log_level="warning",
+        log_config=None,
     )
 
 
