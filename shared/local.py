@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,14 +19,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_ready(url: str, timeout: float = 120.0, check: Callable[[], None] | None = None) -> None:
-    """Poll `url`/readyz until it answers 200; `check` may raise to give up early (a dead process)."""
+def wait_ready(
+    url: str,
+    timeout: float = 120.0,
+    check: Callable[[], None] | None = None,
+    *,
+    verify: ssl.SSLContext | bool = True,
+) -> None:
+    """Poll `url`/readyz until it answers 200; `check` may raise to give up early (a dead process);
+    `verify`: httpx's, for an https coordinator with a private CA."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check is not None:
             check()
         try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+            if httpx.get(f"{url}/readyz", timeout=2, verify=verify).status_code == 200:
                 return
         except httpx.HTTPError:
             pass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -90,9 +91,15 @@ def coordinator_cmd() -> list[str]:
 
 @contextmanager
 def coordinator_process(
-    database_url: str, data_dir: Path, *, port: int | None = None, extra_env: dict[str, str] | None = None
+    database_url: str,
+    data_dir: Path,
+    *,
+    port: int | None = None,
+    extra_env: dict[str, str] | None = None,
+    verify: ssl.SSLContext | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen]]:
-    """A real `fedprompt-coordinator serve` process on a loopback port."""
+    """A real `fedprompt-coordinator serve` process on a loopback port (https, checked with `verify`,
+    when `extra_env` gives it a certificate)."""
     port = port or free_port()
     env = {
         **os.environ,
@@ -109,9 +116,9 @@ def coordinator_process(
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if verify is not None else 'http'}://127.0.0.1:{port}"
     try:
-        wait_ready(url, 60.0, _exited(proc))
+        wait_ready(url, 60.0, _exited(proc), verify=True if verify is None else verify)
         yield url, proc
     finally:
         stop_all([proc])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -64,9 +65,27 @@ def test_package_dirs_map_only_under_fedprompt() -> None:
     assert isinstance(_pyproject()["project"]["license"], str)  # an SPDX expression, not a table
 
 
+def source_copy(where: Path) -> Path:
+    """The files of the checkout (tracked, and new ones git does not ignore) copied to `where`: the wheel
+    is built from them alone, never from a build/ folder an earlier build left in the checkout."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            (where / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, where / name)
+    return where
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
+    tree = source_copy(tmp_path_factory.mktemp("source"))
     done = subprocess.run(
         [
             sys.executable,
@@ -77,7 +96,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--no-build-isolation",
             "-w",
             str(out),
-            str(ROOT),
+            str(tree),
         ],
         capture_output=True,
         text=True,

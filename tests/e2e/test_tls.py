@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 import re
 import ssl
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,10 +26,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from fedprompt.shared.client import ApiError, CoordinatorClient
-from fedprompt.shared.local import free_port
 from fedprompt.shared.tls import ClientTLS, TLSConfigError
 
-from tests.helpers import ADMIN, SMALL_SPEC, coordinator_cmd, stop_all, update_blob
+from tests.helpers import ADMIN, SMALL_SPEC, coordinator_process, update_blob
 
 pytestmark = pytest.mark.slow
 
@@ -95,40 +92,18 @@ def _site(pki: Path, stem: str | None) -> ClientTLS:
 
 @contextmanager
 def tls_coordinator(pki: Path, workdir: Path, *, mutual: bool) -> Iterator[str]:
-    port = free_port()
     env = {
-        **os.environ,
-        "FEDPROMPT_DATABASE_URL": f"sqlite:///{workdir / 'tls.db'}",
-        "FEDPROMPT_ADMIN_TOKEN": ADMIN,
-        "FEDPROMPT_DATA_DIR": str(workdir),
         "FEDPROMPT_TLS_CERT_FILE": str(pki / "server.pem"),
         "FEDPROMPT_TLS_KEY_FILE": str(pki / "server.key"),
         **({"FEDPROMPT_TLS_CLIENT_CA_FILE": str(pki / "ca.pem")} if mutual else {}),
     }
-    log = open(workdir / "coordinator.log", "ab")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [*coordinator_cmd(), "serve", "--port", str(port), "--log-level", "warning"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"https://127.0.0.1:{port}"
     trust = _site(pki, None).verify()
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (workdir / "coordinator.log").read_text()[-2000:]
-            try:
-                if httpx.get(f"{url}/readyz", verify=trust, timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+    assert isinstance(trust, ssl.SSLContext)
+    with coordinator_process(f"sqlite:///{workdir / 'tls.db'}", workdir, extra_env=env, verify=trust) as (
+        url,
+        _,
+    ):
         yield url
-    finally:
-        stop_all([proc])  # an unfinished TLS shutdown of a client's socket must not hold the test up
-        log.close()
 
 
 def _one_round(url: str, admin: CoordinatorClient, sites: list[CoordinatorClient]) -> tuple[int, list[dict]]:
