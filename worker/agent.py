@@ -207,7 +207,8 @@ class Agent:
         if kind == "evaluate":
             self._evaluate(task)
         elif kind == "train":
-            self._train(task)
+            if "secure_aggregation" not in task or self._secure_allows(task):
+                self._train(task)
         elif kind == "secagg":
             self._secagg(task)
         elif kind == "done":
@@ -363,6 +364,18 @@ class Agent:
             self.status.last_error = f"secure aggregation {stage}, round {number}: {exc}"
             self._stop.wait(1.0)
         self.status.state = "idle"
+
+    def _secure_allows(self, task: dict[str, Any]) -> bool:
+        """Whether this client makes a masked vector for a secure round's train task (worker/secagg.py);
+        a task it refuses is not trained for, and its deadline settles it."""
+        try:
+            self._secure().check_masked(task)
+        except ValueError as exc:  # ProtocolError, EnvelopeError
+            log.warning("round %s: the masked stage was not answered: %s", task["round"], exc)
+            self.status.last_error = f"secure aggregation masked, round {task['round']}: {exc}"
+            self._stop.wait(1.0)
+            return False
+        return True
 
     def _masked(
         self, task: dict[str, Any], blob_in: bytes, trained: dict[str, Any], metrics: dict[str, Any]

@@ -138,6 +138,15 @@ class SecureStages:
         self._keep(record_path, record)
         return payload
 
+    def check_masked(self, task: Mapping[str, Any]) -> None:
+        """Whether this client will make a masked vector for a train task (ProtocolError if not),
+        before it spends the training on it."""
+        number, attempt = int(task["round"]), int(task["secure_aggregation"]["attempt"])
+        if self._path(number, attempt, "masked").exists():
+            return
+        record = self._read(self._path(number, attempt, "record.json"), {})
+        stages.check_masked(self.secrets_for(number, attempt), self.federation_id, task, record)
+
     def masked(
         self, task: Mapping[str, Any], update: np.ndarray, weight: int, metrics: Mapping[str, Any]
     ) -> bytes:

@@ -215,6 +215,29 @@ def masked_body(
     neighbour that sent it an envelope; refused below t − 1 envelopes (with fewer pairwise masks, the
     self mask alone would hide the update from a coordinator that later learns its seed)."""
     sa = task.get("secure_aggregation", task)
+    envelopes = check_masked(own, federation_id, task, record)
+    senders = sorted(int(j) for j in envelopes)
+    levels = quantise.weighted(quantise.quantise(update, policy.clip, policy.bits), weight)
+    context = protocol.round_context(federation_id, int(task["round"]), int(sa["attempt"]))
+    mask_keys = {j: unb64(record["neighbours"][str(j)]["mask_key"], 32) for j in senders}
+    vector = protocol.masked_vector(own, record["index"], levels, mask_keys, context)
+    metadata = {
+        "round": str(task["round"]),
+        "attempt": str(sa["attempt"]),
+        "index": str(record["index"]),
+        "weight": str(weight),
+        "metrics": dict(metrics or {}),
+    }
+    return protocol.encode_masked(vector, metadata), {**record, "envelopes": envelopes}
+
+
+def check_masked(
+    own: RoundSecrets, federation_id: int, task: Mapping[str, Any], record: RoundRecord
+) -> dict[str, str]:
+    """The masked stage's rules, before any training: this client sent shares in this attempt, the
+    task names its number, and it holds envelopes from at least t − 1 of its neighbours (from nobody
+    else), each of which opens. The envelopes it will mask with, by sender."""
+    sa = task.get("secure_aggregation", task)
     if "t" not in record:
         raise ProtocolError("this client sent no shares in this round attempt; it makes no masked vector")
     if int(sa["index"]) != record["index"]:
@@ -238,18 +261,7 @@ def masked_body(
             record["index"],
             unb64(text),
         )
-    levels = quantise.weighted(quantise.quantise(update, policy.clip, policy.bits), weight)
-    context = protocol.round_context(federation_id, int(task["round"]), int(sa["attempt"]))
-    mask_keys = {j: unb64(record["neighbours"][str(j)]["mask_key"], 32) for j in senders}
-    vector = protocol.masked_vector(own, record["index"], levels, mask_keys, context)
-    metadata = {
-        "round": str(task["round"]),
-        "attempt": str(sa["attempt"]),
-        "index": str(record["index"]),
-        "weight": str(weight),
-        "metrics": dict(metrics or {}),
-    }
-    return protocol.encode_masked(vector, metadata), {**record, "envelopes": envelopes}
+    return envelopes
 
 
 def consistency_payload(

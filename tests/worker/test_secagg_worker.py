@@ -47,6 +47,8 @@ def test_no_masked_vector_without_shares_and_no_unmasking_without_a_signed_set(t
     stages.answer({"stage": "keys", "round": 2, "attempt": 1, "index": 1})
     task = {"round": 2, "attempt": 1, "secure_aggregation": {"attempt": 1, "index": 1, "envelopes": {}}}
     with pytest.raises(ProtocolError, match="no shares"):
+        stages.check_masked(task)  # before training: the agent does not train for a refused task
+    with pytest.raises(ProtocolError, match="no shares"):
         stages.masked(task, [0.0] * 4, 5, {})
     with pytest.raises(ProtocolError, match="no survivor set"):
         stages.answer({"stage": "unmask", "round": 2, "attempt": 1, "index": 1, "survivors": [1, 2, 3]})
