@@ -161,6 +161,7 @@ def _merged(rows: list[tuple[str, ...]]) -> list[str]:
 
 def other_rows() -> list[str]:
     from fedprompt.coordinator.config import SECRETS_DIR_ENV
+    from fedprompt.shared.tls import CA_FILE, CERT_FILE, KEY_FILE
     from fedprompt.worker.data.dataset import DATASETS_ENV
 
     return [
@@ -171,7 +172,11 @@ def other_rows() -> list[str]:
         "An environment variable wins over a file. |",
         f"| `{DATASETS_ENV}` | every command that reads data | A folder of packed data sets, searched first for a "
         "bare data set name; then the user's data folder (`$XDG_DATA_HOME/fedprompt/datasets`, else "
-        "`~/.local/share/fedprompt/datasets`). |",
+        "`~/.local/share/fedprompt/datasets`), then the data sets inside the package (SST-2). |",
+        f"| `{CA_FILE}` | workers, the operator CLI | PEM CA certificate(s) the coordinator's HTTPS certificate is "
+        "verified against (a federation's private CA); unset: the system's trust store. |",
+        f"| `{CERT_FILE}`, `{KEY_FILE}` | workers, the operator CLI | The site's certificate and key, presented "
+        "when the coordinator asks for one (mutual TLS, `FEDPROMPT_TLS_CLIENT_CA_FILE`); both or neither. |",
         "| `FEDPROMPT_MODELS` | workers | Where SmolLM2's GGUF file is converted into a transformers folder on "
         "first use (default `~/.cache/fedprompt/models`). |",
     ]
