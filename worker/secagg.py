@@ -109,8 +109,8 @@ class SecureStages:
         stage = task["stage"]
         fid = self.federation_id
         if stage == "keys":
-            payload, record = stages.keys_payload(own, self.signing_key(), fid, task, self.client_id)
-            record = {**self._read(record_path, {}), **record}
+            payload, made = stages.keys_payload(own, self.signing_key(), fid, task, self.client_id, record)
+            record = {**record, **made}
         elif stage == "shares":
             pins_path = self.dir / "pins.json"
             payload, record, pins = stages.shares_payload(

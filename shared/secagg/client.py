@@ -82,10 +82,16 @@ def advertisement(
 
 
 def keys_payload(
-    own: RoundSecrets, signing_key: bytes, federation_id: int, task: Mapping[str, Any], client_id: int
+    own: RoundSecrets,
+    signing_key: bytes,
+    federation_id: int,
+    task: Mapping[str, Any],
+    client_id: int,
+    record: RoundRecord | None = None,
 ) -> tuple[dict[str, str], RoundRecord]:
-    """The keys stage: the signed advertisement, and the record of this client's number."""
-    index = int(task["index"])
+    """The keys stage: the signed advertisement, and the record of this client's number (one number
+    per round attempt: its keys are never signed under a second one)."""
+    index = _own_index(task, record or {})
     if index < 1:
         raise ProtocolError(f"a client's number is at least 1; got {index}")
     return advertisement(own, signing_key, context_of(federation_id, task), index, client_id), {

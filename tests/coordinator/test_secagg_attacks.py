@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from fedprompt.coordinator.db import SecaggMessage
+from fedprompt.coordinator.db import SecaggMessage, Update
 from fedprompt.shared.secagg import client as stages
 from fedprompt.shared.secagg import quantise, signing
 from fedprompt.shared.secagg.protocol import b64
@@ -346,3 +346,23 @@ def test_a_substituted_public_key_is_detected(api) -> None:  # type: ignore[no-u
         headers=target.headers,
     )
     assert answer.status_code == 409 and "cannot be replaced" in answer.json()["detail"]
+
+
+def test_a_weight_beyond_the_enrolled_samples_is_refused(api) -> None:  # type: ignore[no-untyped-def]
+    api, _ = api
+    fid, clients = _federation(api)
+    greedy = clients[5]
+    greedy.holds.add((1, "masked"))
+    _run_until(clients, _at(greedy, "masked"))
+    task = greedy.task()
+    assert task is not None
+    body = greedy.stages.masked(task, greedy.update, greedy.weight + 1, {})  # one more than it enrolled
+    url = f"/api/v1/federations/{fid}/rounds/1/update"
+    refused = api.put(url, content=body, headers=greedy.headers)
+    assert refused.status_code == 422 and refused.headers["content-type"].startswith(
+        "application/problem+json"
+    )
+    assert f"exceeds the {greedy.weight} samples" in refused.json()["detail"]
+    with api.app.state.service.store.sessions() as s:
+        assert s.scalars(select(SecaggMessage.id).where(SecaggMessage.sender_id == greedy.client_id)).all()
+        assert not s.execute(select(Update.id).where(Update.client_id == greedy.client_id)).all()

@@ -36,6 +36,8 @@ def test_secrets_and_signing_key_survive_a_restart_and_are_private(tmp_path: Pat
     assert _mode(kept) == 0o600 and _mode(tmp_path / "secagg") == 0o700
     assert _mode(tmp_path / "secagg" / "signing.key") == 0o600
     assert _mode(tmp_path / "secagg" / "3-1.record.json") == 0o600
+    with pytest.raises(ProtocolError, match="this client is number 2"):  # one number per attempt
+        _stages(tmp_path).answer({**task, "index": 3})
     other = _stages(tmp_path).answer({**task, "attempt": 2})
     assert other["mask_key"] != keys["mask_key"] and other["signing_key"] == keys["signing_key"]
     _stages(tmp_path).secrets_for(4, 1)  # a later round: the earlier files go, the signing key stays
