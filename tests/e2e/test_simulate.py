@@ -133,6 +133,8 @@ def test_sigint_mid_round_leaves_no_process_and_rerun_continues(tmp_path: Path) 
     assert proc.returncode == 130, proc.stdout.read() if proc.stdout else ""
     time.sleep(0.5)
     assert processes_mentioning(str(out)) == []
+    partial = json.loads((out / "results.json").read_text())  # what was measured, labelled partial
+    assert partial["status"] == "partial" and set(before) <= {r["round"] for r in partial["rounds"]}
 
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stdout + again.stderr
