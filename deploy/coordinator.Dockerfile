@@ -3,6 +3,8 @@
 #   docker build -f deploy/coordinator.Dockerfile -t fedprompt-coordinator:0.1.0 .
 # Secrets are never baked in: mount them as files and point FEDPROMPT_SECRETS_DIR at the folder.
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+# checkov reads FROM ${PYTHON_IMAGE} without the ARG's default, a pinned tag:
+# checkov:skip=CKV_DOCKER_7:the base image is the ARG PYTHON_IMAGE, whose default is the exact tag python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -8,6 +8,8 @@
 # default needs only the host's NVIDIA driver (NVIDIA container toolkit); the CPU index serves the
 # same torch version built without CUDA (a far smaller image).
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+# checkov reads FROM ${PYTHON_IMAGE} without the ARG's default, a pinned tag:
+# checkov:skip=CKV_DOCKER_7:the base image is the ARG PYTHON_IMAGE, whose default is the exact tag python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 ARG TORCH_INDEX_URL=https://pypi.org/simple

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fedprompt.shared.client import CoordinatorClient
 from fedprompt.shared.local import free_port, wait_ready
@@ -24,11 +25,12 @@ from fedprompt.worker.data.dataset import datasets_dir
 from fedprompt.worker.shards import ShardSpec, load_shard
 
 from tests.deploy.files import DOCKERFILES, OVERLAYS, dockerfile_stages, find, pod_spec, render
-from tests.helpers import ADMIN, stop_all, wait_for, worker_status
+from tests.helpers import ADMIN, stop_all, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 SERVICE_URL = "http://fedprompt-coordinator:8000"
+WORKER_TOKEN = "worker-token-from-a-secret-file-0123456789"
 PARTITION = "quantity:2.0"  # unequal shares, so each client's size tells which partition it got
 SMALL = "--device cpu --threads 1 --train-limit 240 --eval-limit 60 --poll-wait 1"
 SPEC: dict[str, Any] = {
@@ -88,10 +90,10 @@ class Pod:
             else:
                 assert ref == {"fieldRef": {"fieldPath": "metadata.name"}}, ref
                 env[item["name"]] = pod_name
-        for name, value in env.items():
+        for name, value in env.items():  # a path in a mounted volume: the same path in its folder
             for mount_path, local in self.mounts.items():
-                if value == mount_path:
-                    env[name] = str(local)
+                if value == mount_path or value.startswith(mount_path + "/"):
+                    env[name] = str(local) + value[len(mount_path) :]
         env["PATH"] = f"{Path(sys.executable).parent}:/usr/bin:/bin"  # the image's /opt/fedprompt/bin
         env["HOME"] = str(self.workdir)
         return {**env, **overrides}
@@ -99,6 +101,16 @@ class Pod:
     def argv(self) -> list[str]:
         """command + args, as the container runs them."""
         return [*self.container["command"], *self.container.get("args", [])]
+
+
+def _status(url: str) -> dict[str, Any] | None:
+    """A worker's /status, asked with the worker token its Secret holds."""
+    try:
+        return httpx.get(
+            f"{url}/status", headers={"Authorization": f"Bearer {WORKER_TOKEN}"}, timeout=2
+        ).json()
+    except httpx.HTTPError:
+        return None
 
 
 def _test_overlay(tmp_path: Path) -> Path:
@@ -170,7 +182,10 @@ def test_migrate_two_coordinators_three_workers_one_round(pg_url: str, tmp_path:
         admin = CoordinatorClient(urls[0], ADMIN)
         fid = admin.create_federation(SPEC)["id"]
         assert str(fid) == config["FEDPROMPT_FEDERATION"]
-        secrets["fedprompt-worker"] = {"enrollment-token": admin.create_enrollment_token(fid, max_uses=3)}
+        secrets["fedprompt-worker"] = {
+            "enrollment-token": admin.create_enrollment_token(fid, max_uses=3),
+            "worker-token": WORKER_TOKEN,
+        }
 
         # 4. The StatefulSet's three pods; odd ordinals reach the second replica.
         stateful = find(objects, "StatefulSet", "fedprompt-worker")
@@ -188,6 +203,10 @@ def test_migrate_two_coordinators_three_workers_one_round(pg_url: str, tmp_path:
             env = pod.env(secrets, name, overrides)
             assert {"name": "FEDPROMPT_COORDINATOR", "value": SERVICE_URL} in pod.container["env"]
             assert env["FEDPROMPT_STATE_DIR"] == str(tmp_path / name / "state")
+            # the tokens as files of the mounted Secret, the caches in their own volume
+            assert Path(env["FEDPROMPT_WORKER_TOKEN_FILE"]).read_text() == WORKER_TOKEN
+            assert Path(env["FEDPROMPT_ENROLLMENT_TOKEN_FILE"]).parent == tmp_path / name / "secrets"
+            assert env["HF_HOME"] == str(tmp_path / name / "cache" / "huggingface")
             start(pod.argv(), env, f"{name}.log")
             workers[name] = f"http://127.0.0.1:{port}"
 
@@ -216,7 +235,7 @@ def test_migrate_two_coordinators_three_workers_one_round(pg_url: str, tmp_path:
         }
         assert sizes == expected and len(set(sizes.values())) == 3
         for name, url in workers.items():
-            status = wait_for(lambda u=url: worker_status(u), 30, f"{name} status")
+            status = wait_for(lambda u=url: _status(u), 30, f"{name} status")
             assert status["rounds_trained"] == [1] and status["device"] == "cpu"
             assert any((tmp_path / name / "state").iterdir())  # credentials on the pod's own volume
     finally:
