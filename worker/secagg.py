@@ -5,14 +5,14 @@ making another, and cannot be asked a second, different question about a round a
 
     <state dir>/secagg/signing.key                    this client's Ed25519 signing key (raw, base64)
     <state dir>/secagg/pins.json                      client id -> the signing key seen for it
-    <state dir>/secagg/revealed.json                  neighbour's mask key -> the kind of share revealed
+    <state dir>/secagg/<round>-revealed.json          neighbour's mask key -> the kind of share revealed
     <state dir>/secagg/<round>-<attempt>.json         the round's X25519 private keys and self-mask seed
     <state dir>/secagg/<round>-<attempt>.record.json  what the round told it and what it answered
     <state dir>/secagg/<round>-<attempt>.masked       the masked upload, once made
 
 The rules themselves are pure (shared/secagg/client.py); here they are fed the kept record and their
 new record is kept before the answer leaves. Files of earlier rounds are removed when a later round's
-stage comes (revealed.json keeps its entries: they name keys of finished attempts, which never recur).
+stage comes (a round's revealed kinds span its attempts; keys of earlier rounds never recur).
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ class SecureStages:
         elif stage == "consistency":
             payload, record = stages.consistency_payload(self.signing_key(), self.policy, fid, task, record)
         elif stage == "unmask":
-            revealed_path = self.dir / "revealed.json"
+            revealed_path = self.dir / f"{number}-revealed.json"
             payload, record, revealed = stages.unmask_payload(
                 own, fid, task, record, self._read(revealed_path, {})
             )

@@ -311,8 +311,8 @@ def test_a_pool_killed_before_unmasking_answers_after_its_restart(tmp_path: Path
             "1-1.json",
             "1-1.masked",
             "1-1.record.json",
+            "1-revealed.json",
             "pins.json",
-            "revealed.json",
             "signing.key",
         ]
         assert all(stat.S_IMODE((state / name).stat().st_mode) == 0o600 for name in kept)
