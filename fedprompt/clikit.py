@@ -12,6 +12,12 @@ from typing import Any
 import typer
 from typer.core import TyperGroup, TyperOption
 
+try:  # typer carries its own copy of click
+    from typer._click.core import Context
+    from typer._click.exceptions import BadParameter
+except ImportError:  # pragma: no cover - a typer that uses click itself
+    from click import BadParameter, Context
+
 from fedprompt import __version__
 
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
@@ -65,9 +71,34 @@ def aliased_group(aliases: Mapping[str, str], env: Mapping[str, str] | None = No
                 if os.environ.get(old) and not os.environ.get(new):
                     os.environ[new] = os.environ[old]
             given = sys.argv[1:] if args is None else list(args)
-            return super().main(rewrite(given, aliases), *rest, **kwargs)
+            self._args = rewrite(given, aliases)
+            return super().main(self._args, *rest, **kwargs)
+
+        def invoke(self, ctx: Context) -> Any:
+            try:
+                return super().invoke(ctx)
+            except BadParameter as exc:
+                line = environment_error(exc, getattr(self, "_args", []))
+                if line is None:
+                    raise
+                typer.echo(f"error: {line}", err=True)
+                raise typer.Exit(2) from None
 
     return AliasedGroup
+
+
+def environment_error(exc: BadParameter, args: Sequence[str]) -> str | None:
+    """One line for a bad value that came from an environment variable (a setting of a service):
+    the variable, its value and the rule; None when the value was given on the command line."""
+    param = exc.param
+    if param is None or not param.envvar or any(opt in args for opt in getattr(param, "opts", ())):
+        return None
+    names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar)
+    name = next((n for n in names if os.environ.get(n)), None)
+    if name is None:
+        return None
+    option = max(getattr(param, "opts", ()) or [param.name or ""], key=len)
+    return f"{name}={os.environ[name]!r} ({option}): {exc.message}"
 
 
 def make_app(

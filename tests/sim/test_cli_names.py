@@ -8,8 +8,8 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-import click
 import pytest
 import typer
 import typer.main
@@ -31,9 +31,7 @@ APPS = {
 }
 
 
-def _commands(
-    group: click.Command, path: tuple[str, ...] = ()
-) -> list[tuple[tuple[str, ...], click.Command]]:
+def _commands(group: click.Command, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
     found = [(path, group)]
     for name, sub in getattr(group, "commands", {}).items():
         found += _commands(sub, (*path, name))
@@ -51,14 +49,17 @@ def test_every_cli_prints_its_version(name: str) -> None:
 def test_dash_h_is_help_everywhere_and_flags_take_no_value(name: str) -> None:
     root = typer.main.get_command(APPS[name])
     runner = CliRunner()
+    checked = 0
     for path, command in _commands(root):
         done = runner.invoke(APPS[name], [*path, "-h"], env={"COLUMNS": "200"})
         assert done.exit_code == 0, (path, done.output)
         assert "Usage:" in done.output and "<bool>" not in done.output, (path, done.output)
         assert "enrolment" not in done.output.lower(), (path, done.output)  # the API's spelling only
-        flags = [p for p in command.params if isinstance(p, click.Option) and p.is_flag and not p.hidden]
+        flags = [p for p in command.params if getattr(p, "is_flag", False) and not p.hidden]
         for flag in flags:
             assert flag.opts[0] in done.output, (path, flag.opts)
+            checked += 1
+    assert checked > 0  # every CLI has flags (--dev, --json, --baseline, ...): the check saw them
 
 
 def test_the_coordinator_address_is_one_name_with_the_old_one_unlisted(
@@ -115,3 +116,15 @@ def test_a_piped_table_is_plain_and_whole(world: World) -> None:
     ):
         assert column in header, header
     assert "…" not in done.output and "─" not in done.output  # no cut cell, no box drawing
+
+
+def test_a_bad_setting_from_the_environment_is_one_line_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FEDPROMPT_WORKER_PORT", "eighty")
+    done = CliRunner().invoke(worker_cli.app, ["pool", "--config", "pool.json"])
+    assert done.exit_code == 2
+    assert done.output.strip().splitlines() == [
+        "error: FEDPROMPT_WORKER_PORT='eighty' (--port): Input should be a valid integer, unable to parse "
+        "string as an integer"
+    ]
