@@ -31,7 +31,7 @@ APPS = {
 }
 
 
-def _commands(group: click.Command, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+def _commands(group: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
     found = [(path, group)]
     for name, sub in getattr(group, "commands", {}).items():
         found += _commands(sub, (*path, name))
