@@ -18,7 +18,6 @@ from fedprompt.coordinator.api.body_limit import BodyLimitMiddleware
 from fedprompt.coordinator.api.longpoll import TaskPoll
 from fedprompt.coordinator.api.perloop import PerLoop
 from fedprompt.coordinator.api.routes import clients, dashboard, export, federations, health, rounds, secagg
-from fedprompt.shared.apidocs import mount_api_docs
 from fedprompt.coordinator.config import Settings
 from fedprompt.coordinator.dashboard import STATIC_DIR
 from fedprompt.coordinator.db import make_engine, make_sessionmaker
@@ -32,6 +31,7 @@ from fedprompt.coordinator.metrics import (
 )
 from fedprompt.coordinator.ratelimit import RateLimiter
 from fedprompt.coordinator.service import Coordinator
+from fedprompt.shared.apidocs import mount_api_docs
 from fedprompt.shared.logs import RequestContextMiddleware, bind_route_context, register_secret
 
 log = logging.getLogger("fedprompt.coordinator")
