@@ -86,8 +86,11 @@ def test_simulate_writes_results_that_agree_with_the_coordinator(tmp_path: Path)
     assert results["total_bytes_up"] == sum(r["stats"]["bytes_up"] for r in history)
     with open(out / "rounds.csv") as fh:
         rows = list(csv.DictReader(fh))
-    assert [int(r["round"]) for r in rows] == [1, 2]
-    assert [float(r["accuracy"]) for r in rows] == pytest.approx([r["accuracy"] for r in results["rounds"]])
+    assert [int(r["round"]) for r in rows] == [0, 1, 2]  # round 0: the starting prompt
+    assert float(rows[0]["accuracy"]) == pytest.approx(results["initial_accuracy"])
+    assert [float(r["accuracy"]) for r in rows[1:]] == pytest.approx(
+        [r["accuracy"] for r in results["rounds"]]
+    )
     png = (out / "accuracy.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     assert processes_mentioning(str(out)) == []
