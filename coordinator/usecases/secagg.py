@@ -291,7 +291,9 @@ class SecureRounds:
             }
         survivors = reached["masked"]
         dropped = sorted(set(reached["shares"]) - set(survivors))
-        signatures = msgs.consistency_signatures(s, rnd.id, plan)
+        # only its neighbours' signatures: the ones it checks (the consistency check of shared/secagg/client.py)
+        mine = set(plan.neighbours.get(own, []))
+        signatures = {j: sig for j, sig in msgs.consistency_signatures(s, rnd.id, plan).items() if j in mine}
         return {
             **base,
             "envelopes": env,
