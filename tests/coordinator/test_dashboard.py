@@ -235,15 +235,15 @@ def test_vendored_chart_library_is_served_with_its_license(api: TestClient) -> N
 
 
 def test_package_data_covers_every_dashboard_file() -> None:
-    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
-        "coordinator"
-    ]
-    package = ROOT / "coordinator"
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    data = setuptools["package-data"]
     files = [p for d in (TEMPLATES_DIR, STATIC_DIR) for p in d.rglob("*") if p.is_file()]
     assert len(files) >= 8
     for f in files:
-        rel = f.relative_to(package).as_posix()
-        assert any(fnmatch.fnmatch(rel, pat) for pat in patterns), f"{rel} is not in package-data"
+        folder = "fedprompt." + ".".join(f.parent.relative_to(ROOT).parts)
+        assert folder in setuptools["packages"], f"{folder} is not a listed package"
+        patterns = [*data.get("*", []), *data.get(folder, [])]
+        assert any(fnmatch.fnmatch(f.name, pat) for pat in patterns), f"{f} is not in package-data"
 
 
 # -- the view model (pure) ------------------------------------------------------------------------
