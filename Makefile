@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 
 install: $(STAMP)
 
-# The demo's settings (sim/demo.py) were chosen from measurements (README, "Quickstart"): MiniLM's
+# The demo's settings (sim/demo.py) were chosen from measurements (docs/methods.md): MiniLM's
 # mean-pool scoring learns at lr 0.01; three label words per class; --force starts it over each time.
 SEED ?= 0
 demo: $(STAMP)

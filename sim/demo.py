@@ -2,7 +2,7 @@
 
 Four clients on SST-2 (the copy inside the package), half of them each round, three rounds of 100
 local steps at MiniLM's mean-pool learning rate, three label words per class: the settings chosen from
-measurements (README, "Quickstart"). Any of them can be changed; the rest are simulate's defaults.
+measurements (docs/methods.md). Any of them can be changed; the rest are simulate's defaults.
 """
 
 from __future__ import annotations
