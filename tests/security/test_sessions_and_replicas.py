@@ -119,14 +119,15 @@ def test_a_revoked_clients_write_is_refused_by_a_replica_that_still_caches_it(
 
 @pytest.mark.postgres
 def test_an_error_is_logged_once_without_locals_or_secrets(tmp_path: Path, pg_server: str) -> None:
-    # A fault of the server, not of the input: a table the authentication reads is gone (Postgres
-    # answers UndefinedTable, a 500). Its trace used to carry every frame's locals: the tokens.
+    # A fault of the server, not of the input: a column the authentication reads is gone (Postgres
+    # answers UndefinedColumn, a 500; a whole missing table is a 503 naming the migration). Its trace
+    # used to carry every frame's locals: the tokens.
     with database("postgres", tmp_path, pg_server) as db, serve(db, tmp_path) as server:
         fid, enrol, clients = populate(server.url)
         token = clients[0]["token"]
         engine = create_engine(db)
         with engine.begin() as conn:
-            conn.execute(text("ALTER TABLE clients RENAME TO clients_moved"))
+            conn.execute(text("ALTER TABLE clients RENAME COLUMN token_hash TO token_hash_moved"))
         engine.dispose()
         secrets = [ADMIN, enrol, token]
         offset = server.log_size()
@@ -148,6 +149,6 @@ def test_an_error_is_logged_once_without_locals_or_secrets(tmp_path: Path, pg_se
     traces = [r for r in records if "exception" in r]
     assert len(traces) == 1, [r["event"] for r in traces]  # once: the 59 repeats are counted, not written
     assert all("locals" not in frame for stack in traces[0]["exception"] for frame in stack["frames"])
-    assert "UndefinedTable" in json.dumps(traces[0])
+    assert "UndefinedColumn" in json.dumps(traces[0])
     assert len(logged.encode()) < 60 * 1024  # the trace and 60 access lines, not 36 MB
     assert worst < 1.0
