@@ -218,7 +218,8 @@ def parse_envelopes(payload: Any, expected: Sequence[int]) -> dict[int, bytes]:
 
 def parse_reveal(payload: Any, seeds_of: set[int], keys_of: set[int]) -> dict[int, dict[str, Any]]:
     """A client's unmasking answer {sender number: {kind, share}}: a seed share for a survivor, a key
-    share for a dropped client, and only for senders it holds an envelope from."""
+    share for a dropped client, exactly for the senders it holds an envelope from (an answer is stored
+    once, so a partial or empty one is refused rather than allowed to block the complete one)."""
     if not isinstance(payload, dict) or not isinstance(payload.get("shares"), dict):
         raise Invalid("unmasking must be an object {'shares': {sender number: {kind, share}}}")
     out: dict[int, dict[str, Any]] = {}
@@ -233,6 +234,12 @@ def parse_reveal(payload: Any, seeds_of: set[int], keys_of: set[int]) -> dict[in
         if want is None or kind != want:
             raise Invalid(f"unmasking: no {kind} share of client number {sender} is asked for")
         out[sender] = {"kind": kind, "share": value}
+    missing = sorted((seeds_of | keys_of) - set(out))
+    if missing:
+        raise Invalid(
+            f"unmasking: the answer lacks the shares of client numbers {missing}; a client answers once, "
+            "with a share for every sender asked for"
+        )
     return out
 
 

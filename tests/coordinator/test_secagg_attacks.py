@@ -366,3 +366,35 @@ def test_a_weight_beyond_the_enrolled_samples_is_refused(api) -> None:  # type: 
     with api.app.state.service.store.sessions() as s:
         assert s.scalars(select(SecaggMessage.id).where(SecaggMessage.sender_id == greedy.client_id)).all()
         assert not s.execute(select(Update.id).where(Update.client_id == greedy.client_id)).all()
+
+
+# -- the unmasking answer is whole or refused -----------------------------------------------------
+
+
+def test_a_partial_or_empty_unmasking_answer_is_refused_and_the_complete_one_taken(api) -> None:  # type: ignore[no-untyped-def]
+    api, clock = api
+    fid, clients = _federation(api)
+    first = clients[0]
+    first.holds.add((1, "unmask"))
+    _run_until(clients, _at(first, "unmask"))
+    task = first.task()
+    assert task is not None
+    honest = first.stages.answer(task)
+    assert len(honest["shares"]) >= 2
+    url = f"/api/v1/federations/{fid}/rounds/1/secagg/unmask"
+    partial = {"shares": dict(list(honest["shares"].items())[:-1])}
+    for payload in (partial, {"shares": {}}):
+        refused = api.post(url, json=payload, headers=first.headers)
+        assert refused.status_code == 422, refused.text
+        assert "lacks the shares" in refused.json()["detail"]
+    with api.app.state.service.store.sessions() as s:
+        stored = s.scalars(
+            select(SecaggMessage).where(SecaggMessage.stage == "unmask", SecaggMessage.sender_id == first.client_id)
+        ).all()
+    assert stored == []  # nothing of the refused answers was kept
+    taken = api.post(url, json=honest, headers=first.headers)
+    assert taken.status_code == 201, taken.text
+    first.holds.clear()
+    _drive(api, clients, fid, clock, until=1)
+    bound = quantise.error_bound(SA["clip"], SA["bits"])
+    assert np.abs(_version(api, fid, 1) - _expected(api, fid, clients)).max() <= bound + 1e-6

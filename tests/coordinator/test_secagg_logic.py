@@ -125,10 +125,16 @@ def test_parse_posts() -> None:
     with pytest.raises(Invalid, match="bytes"):
         rules.parse_envelopes({"envelopes": {"2": key}}, [2])
     share = base64.b64encode((7).to_bytes(66, "big")).decode()
-    got = rules.parse_reveal({"shares": {"1": {"kind": "seed", "share": share}}}, {1}, {2})
-    assert got == {1: {"kind": "seed", "share": 7}}
+    both = {"1": {"kind": "seed", "share": share}, "2": {"kind": "key", "share": share}}
+    got = rules.parse_reveal({"shares": both}, {1}, {2})
+    assert got == {1: {"kind": "seed", "share": 7}, 2: {"kind": "key", "share": 7}}
     with pytest.raises(Invalid, match="no key share"):
-        rules.parse_reveal({"shares": {"1": {"kind": "key", "share": share}}}, {1}, {2})
+        rules.parse_reveal({"shares": {**both, "1": {"kind": "key", "share": share}}}, {1}, {2})
+    # an answer is stored once: a partial or an empty one would block the complete one
+    with pytest.raises(Invalid, match=r"lacks the shares of client numbers \[2\]"):
+        rules.parse_reveal({"shares": {"1": both["1"]}}, {1}, {2})
+    with pytest.raises(Invalid, match=r"lacks the shares of client numbers \[1, 2\]"):
+        rules.parse_reveal({"shares": {}}, {1}, {2})
     with pytest.raises(Invalid, match="malformed"):
         rules.parse_reveal({"shares": {"1": "x"}}, {1}, set())
 
