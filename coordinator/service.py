@@ -159,6 +159,9 @@ class Coordinator:
     def get_prompt(self, fid: int, version: str | int, *, client: Client | None = None) -> PromptVersion:
         return self.tasks.get_prompt(fid, version, client=client)
 
+    def get_control(self, fid: int, version: str | int, *, client: Client | None = None) -> bytes:
+        return self.tasks.get_control(fid, version, client=client)
+
     def federation_stamp(self, fid: int, max_age: float) -> Stamp:
         return self.store.federation_stamp(fid, max_age)
 

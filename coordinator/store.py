@@ -23,6 +23,7 @@ from fedprompt.coordinator.db import (
     MAX_ID,
     WRITE_OPTION,
     Client,
+    Evaluation,
     Event,
     Federation,
     Participant,
@@ -31,6 +32,7 @@ from fedprompt.coordinator.db import (
     Update,
 )
 from fedprompt.coordinator.errors import Forbidden, Invalid, NotFound
+from fedprompt.coordinator.logic.evaluation import BEST_RULE, best_version, summarize_evaluations
 from fedprompt.coordinator.writelock import WriteLock
 from fedprompt.shared.spec import FederationSpec
 from sqlalchemy import func, select
@@ -221,11 +223,47 @@ class Store:
             )
         ).one()
 
+    def evaluation_summaries(self, s: Session, fid: int) -> list[dict[str, Any]]:
+        """Every evaluated version's summary of the clients' reports, oldest version first."""
+        rows = s.execute(
+            select(
+                Evaluation.version,
+                Evaluation.num_samples,
+                Evaluation.accuracy,
+                Evaluation.loss,
+                Evaluation.metrics,
+            )
+            .where(Evaluation.federation_id == fid)
+            .order_by(Evaluation.version)
+        ).all()
+        by_version: dict[int, list[Any]] = {}
+        for row in rows:
+            by_version.setdefault(row.version, []).append(row)
+        out = [summarize_evaluations(v, reports) for v, reports in by_version.items()]
+        return [x for x in out if x is not None]
+
+    def best_version(self, s: Session, fid: int) -> dict[str, Any] | None:
+        """The federation's best version by the stated rule (coordinator/logic/evaluation.BEST_RULE)
+        with its summary, or None before any evaluation."""
+        summaries = self.evaluation_summaries(s, fid)
+        best = best_version(summaries)
+        if best is None:
+            return None
+        return {
+            **best,
+            "rule": BEST_RULE,
+            "evaluation": next(x for x in summaries if x["version"] == best["version"]),
+        }
+
     def prompt_version(self, s: Session, fid: int, version: str | int) -> tuple[Any, PromptVersion]:
-        """The federation's row and a prompt version of it, 'latest' or a number (NotFound if none)."""
+        """The federation's row and a prompt version of it, 'latest', 'best' (the best evaluated one:
+        best_version; the latest before any evaluation) or a number (NotFound if none)."""
         fed = self.fed_row(s, fid)
         if version == "latest":
             number = fed.latest_version
+        elif version == "best":
+            best = self.best_version(s, fid)
+            number = fed.latest_version if best is None else best["version"]
         else:
             try:
                 number = int(version)

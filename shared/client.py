@@ -192,6 +192,10 @@ class CoordinatorClient:
         resp = self._call("GET", f"{API}/federations/{fid}/prompts/{version}")
         return Prompt(int(resp.headers["X-Prompt-Version"]), resp.headers["X-Prompt-Sha256"], resp.content)
 
+    def control(self, fid: int, version: int) -> bytes:
+        """SCAFFOLD's server control variate after a prompt version (safetensors)."""
+        return self._call("GET", f"{API}/federations/{fid}/prompts/{version}/control").content
+
     def export(self, fid: int, version: int | str = "latest", fmt: str = "peft") -> bytes:
         """A prompt version in an outside format (peft: a zipped adapter folder)."""
         params = {"format": fmt, "version": str(version)}

@@ -6,6 +6,7 @@ import math
 from typing import Any, Literal, get_args
 
 import numpy as np
+from fedprompt.shared import drift
 from fedprompt.shared.methods import PROMPT_TENSOR, MethodConfig, MethodError, num_parameters
 from fedprompt.shared.methods import tensor_shapes as method_tensor_shapes
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -240,6 +241,40 @@ class ServerOptimizerSpec(BaseModel):
         return {key: getattr(self, key) for key in SERVER_OPTIMIZER_DEFAULTS[self.name]}
 
 
+class DriftCorrectionSpec(BaseModel):
+    """Client-drift correction of the local steps (label skew pulls each client's prompt towards its
+    own optimum). Update rules: shared/drift.py."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    name: Literal["none", "fedprox", "scaffold"] = Field(
+        ...,
+        description="none: plain local steps (the same as null); fedprox: the proximal term "
+        "(mu/2)·‖w − w_t‖² pulls the local prompt towards the round's global prompt; scaffold: each "
+        "local gradient is corrected by c − c_i, the server's control variate minus the client's own "
+        "(the server's travels with the train task, each client's Δc_i with its update).",
+    )
+    mu: float | None = Field(
+        None, ge=0, le=100, description="fedprox only: the proximal term's weight μ (default 0.01)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> DriftCorrectionSpec:
+        if self.name != "fedprox" and self.mu is not None:
+            raise ValueError(f"mu is FedProx's proximal weight; {self.name} takes no mu")
+        if self.name == "fedprox" and self.mu is None:
+            self.mu = 0.01
+        return self
+
+    @property
+    def prox_mu(self) -> float:
+        """μ of the proximal term (0 unless fedprox)."""
+        return float(self.mu or 0.0) if self.name == "fedprox" else 0.0
+
+    @property
+    def scaffold(self) -> bool:
+        return self.name == "scaffold"
+
+
 class FederationSpec(BaseModel):
     """A federation: model, prompt, task template, round schedule and local training config."""
 
@@ -351,6 +386,9 @@ class FederationSpec(BaseModel):
         description="Server-side optimiser applied to each round's aggregate: fedavgm, fedadagrad, fedadam "
         "or fedyogi with its hyper-parameters (none or fedavg: the aggregate is the next prompt, plain FedAvg).",
     )
+    drift_correction: DriftCorrectionSpec | None = Field(
+        None, description="Client-drift correction of the local steps: FedProx or SCAFFOLD (none: off)."
+    )
     secure_aggregation: SecureAggregationSpec | None = Field(
         None,
         description="Secure aggregation of each round (none: updates are sent and stored in the clear).",
@@ -397,6 +435,19 @@ class FederationSpec(BaseModel):
                     "secure_aggregation needs min_clients of at least 3: with two clients each could "
                     "subtract its own update from the mean and learn the other's"
                 )
+        if self.scaffold:
+            for clash, why in (
+                (
+                    self.secure_aggregation is not None,
+                    "secure_aggregation (the coordinator would see each Δc_i)",
+                ),
+                (self.privacy is not None, "local DP (each Δc_i would leave the client unprotected)"),
+                (self.aggregation.name != "fedavg", f"the {self.aggregation.name} rule (Δc_i are averaged)"),
+            ):
+                if clash:
+                    raise ValueError(
+                        f"drift_correction scaffold cannot be combined with {why}; use fedprox instead"
+                    )
         if "[MASK]" not in self.template:
             raise ValueError("template needs a [MASK] slot where the label word is read")
         try:
@@ -430,6 +481,19 @@ class FederationSpec(BaseModel):
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Names and shapes of the communicated tensors (per method; see shared.methods)."""
         return method_tensor_shapes(self.method_config())
+
+    @property
+    def scaffold(self) -> bool:
+        """Whether clients keep SCAFFOLD control variates."""
+        return self.drift_correction is not None and self.drift_correction.scaffold
+
+    def update_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Names and shapes of an uploaded update: the prompt's tensors, and with SCAFFOLD each one's
+        control-variate change under 'control/'."""
+        shapes = self.tensor_shapes()
+        if self.scaffold:
+            shapes = {**shapes, **drift.prefixed(shapes)}
+        return shapes
 
     def num_selected(self, available: int) -> int:
         """How many clients a round selects: max(ceil(C*K), min_clients), at most K."""

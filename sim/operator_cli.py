@@ -374,11 +374,18 @@ def rounds_list(
     _emit(rows, as_json, rounds_table)
 
 
+VERSION_HELP = (
+    "Version number, 'latest', or 'best': the version with the best macro-F1 in the clients' "
+    "evaluations, never a collapsed one (`fedprompt federations show` names it; the latest before any "
+    "evaluation)."
+)
+
+
 @prompt_app.command("get")
 def prompt_get(
     federation: FedOpt,
     out: Annotated[Path, typer.Option("--out", help="Where to write the safetensors file.")],
-    version: Annotated[str, typer.Option("--version", help="Version number or 'latest'.")] = "latest",
+    version: Annotated[str, typer.Option("--version", help=VERSION_HELP)] = "best",
     url: UrlOpt = DEFAULT_URL,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
@@ -406,7 +413,7 @@ def prompt_get(
 def export_prompt(
     federation: FedOpt,
     out: Annotated[Path, typer.Option("--out", help="Folder to write the adapter into.")],
-    version: Annotated[str, typer.Option("--version", help="Version number or 'latest'.")] = "latest",
+    version: Annotated[str, typer.Option("--version", help=VERSION_HELP)] = "best",
     fmt: Annotated[str, typer.Option("--format", help="Export format: peft.")] = "peft",
     url: UrlOpt = DEFAULT_URL,
     token: TokenOpt = None,

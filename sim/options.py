@@ -73,6 +73,7 @@ class SimulateOptions:
     scoring: str
     secure_aggregation: bool = False
     secagg_clip: float | None = None
+    drift_correction: str = "none"
     precision: str = "auto"
     resume: bool = False
     force: bool = False
@@ -115,6 +116,24 @@ def parse_server_optimizer(text: str) -> dict[str, Any] | None:
         raise ValueError(f"--server-optimizer {text!r}: {problems}") from None
 
 
+def parse_drift_correction(text: str) -> dict[str, Any] | None:
+    """'fedprox:mu=0.1' → {"name": "fedprox", "mu": 0.1}; 'scaffold'; 'none' → None, validated by the
+    spec's DriftCorrectionSpec."""
+    from fedprompt.shared.spec import DriftCorrectionSpec
+    from pydantic import ValidationError
+
+    parsed = parse_aggregation(text.replace("--aggregation", "--drift-correction"))
+    if parsed["name"] == "none" and not parsed["params"]:
+        return None
+    try:
+        return DriftCorrectionSpec.model_validate({"name": parsed["name"], **parsed["params"]}).model_dump(
+            exclude_none=True
+        )
+    except ValidationError as exc:
+        problems = "; ".join(e["msg"] for e in exc.errors())
+        raise ValueError(f"--drift-correction {text!r}: {problems}") from None
+
+
 def privacy_spec(
     mechanism: str, epsilon: float | None, clip: float | None, delta: float | None
 ) -> dict[str, Any] | None:
@@ -151,6 +170,19 @@ def check_attack_options(opts: SimulateOptions) -> None:
     agg = parse_aggregation(opts.aggregation)
     check_params(agg["name"], agg["params"])
     parse_server_optimizer(opts.server_optimizer)
+    drift = parse_drift_correction(opts.drift_correction)
+    if drift is not None and drift["name"] == "scaffold":
+        clash = [
+            what
+            for what, on in (
+                ("--secure-aggregation", opts.secure_aggregation),
+                ("--ldp-epsilon", opts.ldp_epsilon is not None),
+                (f"--aggregation {agg['name']}", agg["name"] != "fedavg"),
+            )
+            if on
+        ]
+        if clash:
+            raise ValueError(f"--drift-correction scaffold cannot be combined with {clash[0]}; use fedprox")
     if opts.secure_aggregation:
         if agg["name"] != "fedavg":
             raise ValueError(
@@ -225,6 +257,7 @@ def build_spec(
     server_optimizer: dict[str, Any] | None = None,
     secure_aggregation: dict[str, Any] | None = None,
     precision: str = "auto",
+    drift_correction: dict[str, Any] | None = None,
 ) -> FederationSpec:
     """The federation spec for a simulation (`method`: method, encoder and model-shape fields); the
     template and label words are the data's (sim/data_options.py chose them)."""
@@ -255,6 +288,7 @@ def build_spec(
         server_optimizer=server_optimizer,
         secure_aggregation=secure_aggregation,
         precision=precision,
+        drift_correction=drift_correction,
         **(method or {}),
     )
 
@@ -350,6 +384,7 @@ def federation_spec(opts: SimulateOptions, dataset: Dataset) -> tuple[Federation
         server_optimizer=parse_server_optimizer(opts.server_optimizer),
         secure_aggregation=secure_aggregation_spec(opts, lr),
         precision=opts.precision,
+        drift_correction=parse_drift_correction(opts.drift_correction),
     )
     if opts.init_prompt is not None:
         initial_blob = opts.init_prompt.read_bytes()

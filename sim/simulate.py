@@ -213,6 +213,13 @@ def simulate_command(
         ),
     ] = None,
     precision: Annotated[str, typer.Option(help=PRECISION_HELP)] = "auto",
+    drift_correction: Annotated[
+        str,
+        typer.Option(
+            help="Client-drift correction of the local steps: none | fedprox (proximal term, e.g. "
+            "fedprox:mu=0.1) | scaffold (control variates); see docs/label-skew.md."
+        ),
+    ] = "none",
     resume: Annotated[
         bool,
         typer.Option(

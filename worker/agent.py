@@ -12,15 +12,16 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import numpy as np
 import structlog
-from fedprompt.shared import wire
+from fedprompt.shared import drift, wire
 from fedprompt.shared.client import ApiError, CoordinatorClient
 from fedprompt.shared.secagg.client import Policy
 from fedprompt.shared.secagg.protocol import flatten
@@ -284,6 +285,15 @@ class Agent:
                     raise Stopped()
 
             log.info("round %s: training %s steps on %s examples", number, steps, len(self.train_data))
+            assert self.spec is not None
+            drift_spec = self.spec.drift_correction
+            own_control = self._own_control() if self.spec.scaffold else None
+            options: dict[str, Any] = {}  # client-drift correction, only when the spec asks for it
+            if drift_spec is not None and drift_spec.prox_mu > 0:
+                options["prox_mu"] = drift_spec.prox_mu
+            if own_control is not None:
+                options["correction"] = drift.scaffold_correction(self._server_control(version), own_control)
+                options["mean_gradient"] = True
             result = self.engine.train(
                 self.train_data,
                 steps=steps,
@@ -292,6 +302,7 @@ class Agent:
                 grad_clip=float(cfg.get("grad_clip", 1.0)),
                 seed=_round_seed(int(cfg.get("seed", 0)), number, self.status.client_id or 0),
                 progress=progress,
+                **options,
             )
             metrics = {
                 "loss": result.mean_loss,
@@ -299,8 +310,13 @@ class Agent:
                 "seconds": result.seconds,
                 "steps": steps,
             }
-            assert self.spec is not None
             tensors = self._release(blob_in, metrics)
+            if own_control is not None:  # SCAFFOLD: Δc_i travels with the prompt, c_i⁺ waits for the ack
+                assert result.mean_gradient is not None
+                new_control, delta = drift.client_control(result.mean_gradient, own_control)
+                prompt = tensors if tensors is not None else self.engine.get_prompt()
+                tensors = {**prompt, **drift.prefixed(_float32(delta))}
+                self.state.save_pending_control(number, wire.encode(_float32(new_control)))
             meta = {
                 "method": self.spec.method,
                 "model_fingerprint": self.engine.fingerprint,
@@ -418,11 +434,36 @@ class Agent:
                 forever=True,
             )
             log.info("round %s update acknowledged (%s)", number, status)
+            self.state.settle_control(number, acknowledged=True)
         except ApiError as exc:
             # 403/409/410/422: the round moved on or refused this update; keeping it cannot help.
             log.warning("round %s update refused, dropping it: %s", number, exc)
             self.status.last_error = f"upload round {number}: {exc}"
+            self.state.settle_control(number, acknowledged=False)
         self.state.clear_pending(number)
+
+    def _own_control(self) -> dict[str, np.ndarray]:
+        """This client's SCAFFOLD control variate c_i (zeros before its first acknowledged update)."""
+        assert self.spec is not None
+        held = self.state.load_control()
+        if held is None:
+            return drift.zeros(self.spec.tensor_shapes())
+        tensors, _ = wire.decode_checked(held, self.spec.tensor_shapes())
+        return {n: a.astype(np.float64) for n, a in tensors.items()}
+
+    def _server_control(self, version: int) -> dict[str, np.ndarray]:
+        """The server's control variate after the round's base version, checked against the spec."""
+        assert self.client is not None and self.spec is not None
+        blob = self._retry(
+            "download control variate", lambda: self.client.control(self.config.federation_id, version)
+        )  # type: ignore[union-attr]
+        try:
+            tensors, _ = wire.decode_checked(blob, self.spec.tensor_shapes())
+        except wire.WireError as exc:
+            raise ApiError(
+                502, {"detail": f"the control variate of version {version} is malformed: {exc}"}
+            ) from None
+        return {n: a.astype(np.float64) for n, a in tensors.items()}
 
     def _resend_pending(self) -> None:
         for number, blob in self.state.pending():
@@ -453,3 +494,7 @@ def _get_threads() -> int:
     import torch
 
     return torch.get_num_threads()
+
+
+def _float32(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {n: np.asarray(a, np.float32) for n, a in arrays.items()}

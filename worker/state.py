@@ -73,3 +73,32 @@ class StateDir:
     def clear_pending(self, round_number: int) -> None:
         """Forget an update once acknowledged (or definitively refused)."""
         (self.pending_dir / f"{round_number}.safetensors").unlink(missing_ok=True)
+
+    # SCAFFOLD: the client's control variate c_i. A round's new c_i waits beside its pending update
+    # and replaces the held one only once the coordinator acknowledged that update (its Δc_i then
+    # counts in the server's c); a refused update leaves c_i as it was.
+
+    @property
+    def control_path(self) -> Path:
+        return self.root / "control.safetensors"
+
+    def load_control(self) -> bytes | None:
+        """The held c_i (safetensors), or None before the first acknowledged SCAFFOLD update."""
+        try:
+            return self.control_path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def save_pending_control(self, round_number: int, blob: bytes) -> None:
+        """Keep a round's new c_i until its update is acknowledged."""
+        _atomic_write(self.pending_dir / f"{round_number}.control", blob)
+
+    def settle_control(self, round_number: int, *, acknowledged: bool) -> None:
+        """Adopt the round's new c_i (acknowledged) or drop it (refused)."""
+        path = self.pending_dir / f"{round_number}.control"
+        if not path.exists():
+            return
+        if acknowledged:
+            os.replace(path, self.control_path)
+        else:
+            path.unlink(missing_ok=True)

@@ -39,8 +39,11 @@ IdPath = Annotated[
     BeforeValidator(ascii_decimal),
 ]
 # A prompt version as a path or query parameter: a number (ASCII digits) or 'latest'.
-VERSION_PATTERN = r"^(?:latest|[0-9]{1,10})$"
-VersionPath = Annotated[str, Path(pattern=VERSION_PATTERN, description="A version number or 'latest'.")]
+VERSION_PATTERN = r"^(?:latest|best|[0-9]{1,10})$"
+VersionPath = Annotated[
+    str,
+    Path(pattern=VERSION_PATTERN, description="A version number, 'latest' or 'best' (the best evaluated)."),
+]
 
 # The body's schema is FederationSpec's (extra properties refused: additionalProperties false); it is
 # checked by validate_spec, strictly, and a refusal reads "invalid federation spec: …" (422).
@@ -130,6 +133,22 @@ class EvaluationSummary(_Open):
     num_samples: int
     accuracy: float
     loss: float | None = None
+    macro_f1: float | None = Field(None, description="From the summed confusion matrices, when reported.")
+    collapsed: bool = Field(
+        False,
+        description="The predictions fell to one class (at least 99 % of the examples predicted as one "
+        "label while the examples hold two or more): a constant predictor.",
+    )
+
+
+class BestVersion(_Open):
+    """The federation's best version by its stated rule."""
+
+    version: int
+    metric: Literal["macro_f1", "accuracy"]
+    value: float
+    rule: str
+    evaluation: EvaluationSummary
 
 
 class RoundSummary(_Open):
@@ -171,6 +190,10 @@ class FederationStatus(_Open):
     clients: ClientCounts
     open_round: RoundSummary | None
     latest: RoundSummary | None
+    best_version: BestVersion | None = Field(
+        None,
+        description="The best evaluated version ('best' in prompt and export paths); none before any evaluation.",
+    )
     spec: dict[str, Any]
     created_at: float
 

@@ -43,6 +43,7 @@ def summarize_evaluations(version: int, rows: Iterable[Any]) -> dict[str, Any] |
     out |= evalstats.class_summary(
         evalstats.sum_confusions(evalstats.read_confusion(r.metrics) for r in rows)
     )
+    out["collapsed"] = collapsed(out)
     extra_keys = sorted(
         {
             k
@@ -65,3 +66,49 @@ def summarize_evaluations(version: int, rows: Iterable[Any]) -> dict[str, Any] |
         if weight:
             out[key] = sum(v * w for v, w in vals) / weight
     return out
+
+
+# A version "collapsed" when its summed predictions fall to one class: at least this share of the
+# evaluated examples predicted as one label, on data holding two labels or more.
+COLLAPSE_SHARE = 0.99
+
+
+def predicted_share(confusion: list[list[int]] | None) -> tuple[int, float] | None:
+    """(the most predicted label, its share of all predictions) of a summed confusion matrix."""
+    if not confusion:
+        return None
+    columns = [sum(row[c] for row in confusion) for c in range(len(confusion))]
+    total = sum(columns)
+    if total == 0:
+        return None
+    top = max(range(len(columns)), key=lambda c: columns[c])
+    return top, columns[top] / total
+
+
+def collapsed(summary: dict[str, Any] | None) -> bool:
+    """Whether a version's predictions fall to one class (a constant predictor): COLLAPSE_SHARE of
+    the examples predicted as one label while the examples hold at least two labels."""
+    if not summary or not summary.get("confusion"):
+        return False
+    share = predicted_share(summary["confusion"])
+    present = sum(1 for n in summary.get("per_class_samples", []) if n > 0)
+    return share is not None and present >= 2 and share[1] >= COLLAPSE_SHARE
+
+
+BEST_RULE = (
+    "the evaluated version with the highest macro-F1 over the clients' summed evaluations (accuracy "
+    "where a report carries no confusion matrix), never a collapsed one unless every version is; "
+    "a tie goes to the later version"
+)
+
+
+def best_version(summaries: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """The best of the versions' evaluation summaries by BEST_RULE: {version, metric, value}, or None
+    when no version was evaluated."""
+    items = [s for s in summaries if s]
+    if not items:
+        return None
+    metric = "macro_f1" if all(s.get("macro_f1") is not None for s in items) else "accuracy"
+    healthy = [s for s in items if not collapsed(s)] or items
+    best = max(healthy, key=lambda s: (s[metric], s["version"]))
+    return {"version": best["version"], "metric": metric, "value": best[metric]}

@@ -65,6 +65,7 @@ class Reads:
                 "clients": {"enrolled": len(clients), "active": len(active), "available": len(available)},
                 "open_round": self.round_summary(s, open_round) if open_round else None,
                 "latest": self.round_summary(s, latest_closed) if latest_closed else None,
+                "best_version": self.store.best_version(s, fid),
                 "spec": fed.spec,
                 "created_at": fed.created_at,
             }

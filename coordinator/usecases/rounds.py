@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 from fedprompt.coordinator.db import (
     Client,
     Federation,
@@ -34,7 +35,7 @@ from fedprompt.coordinator.logic.uploads import declared_samples
 from fedprompt.coordinator.store import Store
 from fedprompt.coordinator.usecases.reads import Reads, privacy_of
 from fedprompt.coordinator.usecases.secagg import SecureRounds
-from fedprompt.shared import wire
+from fedprompt.shared import drift, wire
 from fedprompt.shared.spec import FederationSpec, ServerOptimizerSpec
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, defer
@@ -268,6 +269,7 @@ class RoundCycle:
             )
         ).one()
         declared: dict[int, int] = {}  # client id -> the num_samples its update's metadata declares
+        controls: list[dict[str, np.ndarray]] | None = [] if spec.scaffold else None  # SCAFFOLD's Δc_i
         secure: dict[str, Any] | None = None
         try:
             if spec.secure_aggregation is not None:
@@ -275,7 +277,7 @@ class RoundCycle:
                 result = AggregationResult(tensors)
             elif spec.aggregation.name == "fedavg":  # streams: one decoded update in memory at a time
                 total = float(sum(u.num_samples for u in updates))
-                decoded = decoded_updates(s, rnd, canonical=True, declared=declared)
+                decoded = decoded_updates(s, rnd, canonical=True, declared=declared, controls=controls)
                 result = AggregationResult(fedavg_stream(decoded, total))
             else:
                 result = aggregate(
@@ -285,8 +287,9 @@ class RoundCycle:
                     global_tensors=wire.decode(base.blob)[0],
                 )
             server_step: dict[str, Any] | None = None
-            if spec.server_optimizer is not None and spec.server_optimizer.name != "fedavg":
-                result, server_step = self._server_step(s, fed.id, rnd, spec.server_optimizer, base, result)
+            optimizer = spec.server_optimizer
+            if (optimizer is not None and optimizer.name != "fedavg") or controls is not None:
+                result, server_step = self._server_step(s, fed.id, rnd, optimizer, base, result, controls)
         except AggregationError as exc:
             raise Conflict(f"aggregation failed: {exc}") from None
         version = rnd.number
@@ -338,24 +341,50 @@ class RoundCycle:
         s: Session,
         fid: int,
         rnd: Round,
-        optimizer: ServerOptimizerSpec,
+        optimizer: ServerOptimizerSpec | None,
         base: PromptVersion,
         result: AggregationResult,
-    ) -> tuple[AggregationResult, dict[str, Any]]:
-        """Move the round's base prompt by the server optimiser, the aggregate giving the pseudo-gradient.
+        controls: list[dict[str, np.ndarray]] | None,
+    ) -> tuple[AggregationResult, dict[str, Any] | None]:
+        """Move the round's base prompt by the server optimiser, the aggregate giving the pseudo-gradient,
+        and with SCAFFOLD move the server's control variate by the round's Δc_i.
 
-        Its state after the base version is read, and the state after this round's version written, in
-        the aggregating transaction (federation lock held): it lives only in the database, so it
-        survives restarts and every replica steps from the same state. Only the latest state is kept.
+        The state after the base version (the optimiser's moments, and SCAFFOLD's c under 'control/')
+        is read, and the state after this round's version written, in the aggregating transaction
+        (federation lock held): it lives only in the database, so it survives restarts and every
+        replica steps from the same state. Only the latest state is kept.
         """
         held = s.scalars(
             select(ServerOptimizerState.blob).where(
                 ServerOptimizerState.federation_id == fid, ServerOptimizerState.version == rnd.base_version
             )
         ).first()
-        state = server_optim.decode_state(held) if held is not None else {}
+        state, control = drift.split(server_optim.decode_state(held) if held is not None else {})
         x = wire.decode(base.blob)[0]
-        step = server_optim.server_step(optimizer.name, x, result.tensors, state, optimizer.params())
+        tensors, new_state, record = result.tensors, {}, None
+        if optimizer is not None and optimizer.name != "fedavg":
+            step = server_optim.server_step(optimizer.name, x, result.tensors, state, optimizer.params())
+            tensors, new_state = step.tensors, step.state
+            record = {
+                "name": optimizer.name,
+                **optimizer.params(),
+                "step": step.step,  # 1 in round 1; a lower one means the state was missing and restarted
+                "pseudo_gradient_norm": server_optim.distance(result.tensors, x),  # ||aggregate - base||
+                "update_norm": server_optim.distance(step.tensors, x),  # ||new prompt - base||
+            }
+        if controls is not None:
+            enrolled = s.scalar(
+                select(func.count())
+                .select_from(Client)
+                .where(Client.federation_id == fid, Client.revoked_at.is_(None))
+            )
+            before = control or drift.zeros({n: np.shape(a) for n, a in x.items()})
+            try:
+                after = drift.server_control(before, controls, max(int(enrolled or 0), len(controls)))
+            except drift.DriftError as exc:
+                raise AggregationError(str(exc)) from None
+            new_state = {**new_state, **drift.prefixed(after)}
+        name = optimizer.name if optimizer is not None else "fedavg"
         s.execute(
             delete(ServerOptimizerState).where(
                 ServerOptimizerState.federation_id == fid, ServerOptimizerState.version < rnd.number
@@ -365,26 +394,25 @@ class RoundCycle:
             ServerOptimizerState(
                 federation_id=fid,
                 version=rnd.number,
-                optimizer=optimizer.name,
-                blob=server_optim.encode_state(step.state, {"optimizer": optimizer.name}),
+                optimizer=name,
+                blob=server_optim.encode_state(new_state, {"optimizer": name}),
                 created_at=self.store.clock(),
             )
         )
-        record = {
-            "name": optimizer.name,
-            **optimizer.params(),
-            "step": step.step,  # 1 in round 1; a lower one means the state was missing and restarted
-            "pseudo_gradient_norm": server_optim.distance(result.tensors, x),  # ||aggregate - base||
-            "update_norm": server_optim.distance(step.tensors, x),  # ||new prompt - base||
-        }
-        return AggregationResult(step.tensors, result.notes), record
+        return AggregationResult(tensors, result.notes), record
 
 
 def decoded_updates(
-    s: Session, rnd: Round, *, canonical: bool, declared: dict[int, int]
+    s: Session,
+    rnd: Round,
+    *,
+    canonical: bool,
+    declared: dict[int, int],
+    controls: list[dict[str, np.ndarray]] | None = None,
 ) -> Iterator[tuple[dict[str, Any], float]]:
     """A round's updates decoded one at a time, weighted by their stored num_samples: in content order
-    (canonical) or by client id. Each one's declared num_samples is put in `declared` by client."""
+    (canonical) or by client id. Each one's declared num_samples is put in `declared` by client, and
+    with `controls` (SCAFFOLD) its control-variate change is put there and left out of the prompt."""
     order = (Update.num_samples, Update.sha256) if canonical else (Update.client_id,)
     rows = s.execute(
         select(Update.id, Update.client_id, Update.num_samples)
@@ -398,6 +426,9 @@ def decoded_updates(
         )
         for uid, cid, num_samples in chunk:
             tensors, meta = wire.decode(blobs.pop(uid))
+            if controls is not None:
+                tensors, control = drift.split(tensors)
+                controls.append(control)
             claimed = declared_samples(meta)
             if claimed is not None:
                 declared[cid] = claimed

@@ -4,10 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedprompt.coordinator.db import Client, Evaluation, Participant, PromptVersion, Round, Update
+import numpy as np
+from fedprompt.coordinator.db import (
+    Client,
+    Evaluation,
+    Participant,
+    PromptVersion,
+    Round,
+    ServerOptimizerState,
+    Update,
+)
+from fedprompt.coordinator.errors import Gone, NotFound
+from fedprompt.coordinator.logic import server_optim
 from fedprompt.coordinator.logic.evaluation import evaluation_due
 from fedprompt.coordinator.store import Store
 from fedprompt.coordinator.usecases.secagg import SecureRounds
+from fedprompt.shared import drift, wire
 from fedprompt.shared.spec import FederationSpec
 from sqlalchemy import and_, select, update
 from sqlalchemy.orm import Session
@@ -22,28 +34,61 @@ class Tasks:
 
     def get_prompt(self, fid: int, version: str | int, *, client: Client | None = None) -> PromptVersion:
         """A prompt version's blob ('latest' or a number); counts a participant's download."""
-        record: int | None = None
-        with self.store.sessions() as s:  # a read; the download is recorded below only when it changes
+        with self.store.sessions() as s:
             _, pv = self.store.prompt_version(s, fid, version)
-            if client is not None:
-                part = s.execute(
-                    select(Participant.id, Participant.downloaded_bytes)
-                    .join(Round, Round.id == Participant.round_id)
-                    .where(
-                        Round.federation_id == fid,
-                        Round.state == "open",
-                        Round.base_version == pv.version,
-                        Participant.client_id == client.id,
-                    )
-                ).first()
-                if part is not None and part.downloaded_bytes != len(pv.blob):
-                    record = part.id
-        if record is not None:
-            with self.store.tx() as s:
-                s.execute(
-                    update(Participant).where(Participant.id == record).values(downloaded_bytes=len(pv.blob))
-                )
+        self._count_download(fid, pv.version, client, len(pv.blob))
         return pv
+
+    def get_control(self, fid: int, version: str | int, *, client: Client | None = None) -> bytes:
+        """SCAFFOLD's server control variate after a prompt version, as float32 safetensors (zeros
+        after version 0); a participant's download of it counts beside the prompt's."""
+        with self.store.sessions() as s:
+            fed, pv = self.store.prompt_version(s, fid, version)
+            spec = self.store.spec_of(fed)
+            if not spec.scaffold:
+                raise NotFound(f"federation {fid} does not use SCAFFOLD: it keeps no control variate")
+            held = s.scalars(
+                select(ServerOptimizerState.blob).where(
+                    ServerOptimizerState.federation_id == fid, ServerOptimizerState.version == pv.version
+                )
+            ).first()
+            latest = fed.latest_version
+            prompt_bytes = len(pv.blob)
+        if held is not None:
+            control = drift.split(server_optim.decode_state(held))[1]
+        elif pv.version == 0:
+            control = drift.zeros(spec.tensor_shapes())
+        else:
+            raise Gone(
+                f"the control variate after version {pv.version} is no longer kept; only the latest "
+                f"version's ({latest}) is"
+            )
+        blob = wire.encode(
+            {n: a.astype(np.float32) for n, a in control.items()}, {"version": str(pv.version)}
+        )
+        self._count_download(fid, pv.version, client, prompt_bytes + len(blob))
+        return blob
+
+    def _count_download(self, fid: int, version: int, client: Client | None, size: int) -> None:
+        """Record what a participant of the open round fetched of its base version (prompt, and with
+        SCAFFOLD its control variate), written only when the figure grows."""
+        if client is None:
+            return
+        with self.store.sessions() as s:  # a read; the download is recorded below only when it changes
+            part = s.execute(
+                select(Participant.id, Participant.downloaded_bytes)
+                .join(Round, Round.id == Participant.round_id)
+                .where(
+                    Round.federation_id == fid,
+                    Round.state == "open",
+                    Round.base_version == version,
+                    Participant.client_id == client.id,
+                )
+            ).first()
+        if part is None or part.downloaded_bytes >= size:
+            return
+        with self.store.tx() as s:
+            s.execute(update(Participant).where(Participant.id == part.id).values(downloaded_bytes=size))
 
     def next_task(self, fid: int, client: Client) -> dict[str, Any] | None:
         """What this client should do now: answer a secure round's keys, shares or unmasking stage
@@ -126,5 +171,10 @@ class Tasks:
                 "lr": spec.lr,
                 "grad_clip": spec.grad_clip,
                 "seed": spec.seed,
+                **(
+                    {"drift_correction": spec.drift_correction.model_dump()}
+                    if spec.drift_correction is not None and spec.drift_correction.name != "none"
+                    else {}
+                ),
             },
         }

@@ -52,7 +52,7 @@ class Uploads:
         if spec.secure_aggregation is not None:  # a masked vector; the round settles afterwards
             return self.secure.upload_masked(fid, number, client, body)
         try:
-            tensors, meta = wire.decode_checked(body, spec.tensor_shapes())
+            tensors, meta = wire.decode_checked(body, spec.update_shapes())
         except wire.WireError as exc:
             raise Invalid(str(exc)) from None
         num_samples, metrics = parse_update_metadata(meta, spec)

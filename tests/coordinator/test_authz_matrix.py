@@ -29,6 +29,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/api/v1/federations/{fid}/events"): ADMIN_ONLY,
     ("GET", "/api/v1/federations/{fid}/spec"): EITHER,
     ("GET", "/api/v1/federations/{fid}/prompts/{version}"): EITHER,
+    ("GET", "/api/v1/federations/{fid}/prompts/{version}/control"): EITHER,
     ("PUT", "/api/v1/federations/{fid}/prompts/0"): ADMIN_ONLY,
     ("GET", "/api/v1/federations/{fid}/export"): ADMIN_ONLY,
     ("POST", "/api/v1/federations/{fid}/enrollment-tokens"): ADMIN_ONLY,

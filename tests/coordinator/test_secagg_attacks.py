@@ -389,7 +389,9 @@ def test_a_partial_or_empty_unmasking_answer_is_refused_and_the_complete_one_tak
         assert "lacks the shares" in refused.json()["detail"]
     with api.app.state.service.store.sessions() as s:
         stored = s.scalars(
-            select(SecaggMessage).where(SecaggMessage.stage == "unmask", SecaggMessage.sender_id == first.client_id)
+            select(SecaggMessage).where(
+                SecaggMessage.stage == "unmask", SecaggMessage.sender_id == first.client_id
+            )
         ).all()
     assert stored == []  # nothing of the refused answers was kept
     taken = api.post(url, json=honest, headers=first.headers)

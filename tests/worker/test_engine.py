@@ -594,3 +594,32 @@ def test_spec_precision_reaches_the_engine_options() -> None:
     spec = FederationSpec(name="p", hidden_size=32, template=SINGLE, verbalizer=WORDS, precision="bf16")
     assert spec_options(spec)["precision"] == "bf16"
     assert FederationSpec(name="p", hidden_size=32, template=SINGLE, verbalizer=WORDS).precision == "auto"
+
+
+# ---------------------------------------------------------------- client-drift correction
+
+
+def test_the_proximal_term_holds_the_prompt_near_the_global_one(tokenizer: Any) -> None:
+    moved = {}
+    for mu in (0.0, 100.0):
+        engine = make_engine(tokenizer, model=tiny_mlm(tokenizer, seed=0))
+        start = engine.get_prompt()[PROMPT_TENSOR]
+        engine.train(EXAMPLES, steps=30, batch_size=8, lr=0.3, prox_mu=mu)
+        moved[mu] = float(np.linalg.norm(engine.get_prompt()[PROMPT_TENSOR] - start))
+    assert moved[100.0] < moved[0.0] / 3
+
+
+def test_a_scaffold_correction_is_added_to_every_gradient(tokenizer: Any) -> None:
+    """A correction of +1000 everywhere swamps the loss gradient: Adam then steps −lr per element and
+    step, so after k steps the prompt has moved by −k·lr in every element."""
+    engine = make_engine(tokenizer)
+    start = engine.get_prompt()
+    push = {name: np.full(shape, 1000.0) for name, shape in engine.tensor_shapes().items()}
+    result = engine.train(EXAMPLES, steps=4, batch_size=4, lr=0.01, correction=push, mean_gradient=True)
+    for name, value in engine.get_prompt().items():
+        np.testing.assert_allclose(value - start[name], -0.04, atol=1e-4)
+    # the mean gradient is the loss gradient's (the correction left out), clipped to norm ≤ 1 per step
+    assert result.mean_gradient is not None and set(result.mean_gradient) == set(start)
+    norm = np.sqrt(sum(float(np.sum(g**2)) for g in result.mean_gradient.values()))
+    assert 0 < norm <= 1.0 + 1e-6
+    assert "mean_gradient" not in result.to_dict()

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from fedprompt.shared import wire
+from fedprompt.shared import drift, wire
 from fedprompt.shared.methods import PROMPT_TENSOR, EncoderType, Method, MethodConfig, tensor_shapes
 from fedprompt.shared.spec import FederationSpec, Precision, check_precision
 from fedprompt.worker.engine import prompt_io
@@ -249,16 +249,37 @@ class PromptEngine:
         grad_clip: float = 1.0,
         seed: int = 0,
         weight_decay: float = 0.0,
+        prox_mu: float = 0.0,
+        correction: Mapping[str, np.ndarray] | None = None,
+        mean_gradient: bool = False,
         progress: ProgressFn | None = None,
     ) -> TrainResult:
-        """Run `steps` AdamW steps on the method's tensors only (a fresh optimiser per call), seeded batches."""
+        """Run `steps` AdamW steps on the method's tensors only (a fresh optimiser per call), seeded batches.
+
+        Client-drift correction (shared/drift.py): `prox_mu` > 0 adds FedProx's proximal gradient
+        μ·(w − w_start), w_start being the prompt as loaded (the round's global prompt); `correction`
+        (SCAFFOLD's c − c_i, per communicated tensor) is added to every step's gradient; with
+        `mean_gradient` the result carries the mean clipped loss gradient (SCAFFOLD's new c_i)."""
         if not examples:
             raise ValueError("cannot train on an empty data set")
         if steps < 0:
             raise ValueError(f"steps must be >= 0; got {steps}")
         labels = label_ids(examples, self.verbalizer.num_labels)
-        params = list(self._params.values())
+        named = dict(self._params)
+        params = list(named.values())
         optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        anchor = {n: p.detach().clone() for n, p in named.items()} if prox_mu > 0 else {}
+        extra = (
+            {
+                n: torch.as_tensor(np.asarray(correction[n]), dtype=p.dtype, device=p.device)
+                for n, p in named.items()
+            }
+            if correction is not None
+            else {}
+        )
+        grad_sum = (
+            {n: torch.zeros_like(p, dtype=torch.float64) for n, p in named.items()} if mean_gradient else {}
+        )
         batches = cycle_batches(len(examples), batch_size, np.random.default_rng([seed, 0xBA]))
         started = time.perf_counter()
         losses: list[float] = []
@@ -273,6 +294,16 @@ class PromptEngine:
             loss.backward()
             if grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            if grad_sum or anchor or extra:
+                with torch.no_grad():
+                    for n, p in named.items():
+                        if p.grad is None:
+                            continue
+                        if grad_sum:
+                            grad_sum[n] += p.grad.double()
+                        p.grad.copy_(
+                            drift.corrected_gradient(p.grad, p, anchor.get(n), prox_mu, extra.get(n))
+                        )
             optimizer.step()
             value = float(loss.detach())
             if not math.isfinite(value):
@@ -283,7 +314,10 @@ class PromptEngine:
             if progress is not None:
                 progress(step, steps, value)
         return TrainResult.from_losses(
-            losses, seconds=time.perf_counter() - started, num_examples=len(examples)
+            losses,
+            seconds=time.perf_counter() - started,
+            num_examples=len(examples),
+            mean_gradient={n: (g / max(steps, 1)).cpu().numpy() for n, g in grad_sum.items()} or None,
         )
 
     @torch.inference_mode()

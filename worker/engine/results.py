@@ -17,9 +17,19 @@ class TrainResult:
     last_loss: float
     seconds: float
     num_examples: int
+    # the mean (clipped) loss gradient per communicated tensor over the steps, when asked for
+    # (SCAFFOLD's new client control variate); left out of to_dict
+    mean_gradient: dict[str, np.ndarray] | None = field(default=None, repr=False)
 
     @classmethod
-    def from_losses(cls, losses: list[float], *, seconds: float, num_examples: int) -> TrainResult:
+    def from_losses(
+        cls,
+        losses: list[float],
+        *,
+        seconds: float,
+        num_examples: int,
+        mean_gradient: dict[str, np.ndarray] | None = None,
+    ) -> TrainResult:
         """The report of a run whose steps had these losses."""
         return cls(
             steps=len(losses),
@@ -27,6 +37,7 @@ class TrainResult:
             last_loss=losses[-1] if losses else float("nan"),
             seconds=seconds,
             num_examples=num_examples,
+            mean_gradient=mean_gradient,
         )
 
     @property
@@ -36,7 +47,8 @@ class TrainResult:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""
-        return {**asdict(self), "seconds_per_step": self.seconds_per_step}
+        out = {k: v for k, v in asdict(self).items() if k != "mean_gradient"}
+        return {**out, "seconds_per_step": self.seconds_per_step}
 
 
 @dataclass

@@ -31,7 +31,12 @@ def export_prompt(
     format: Literal["peft"] = Query(
         "peft", description="Export format: 'peft' (PeftModel.from_pretrained loads it)."
     ),
-    version: str = Query("latest", pattern=VERSION_PATTERN, description="Prompt version number or 'latest'."),
+    version: str = Query(
+        "best",
+        pattern=VERSION_PATTERN,
+        description="Prompt version number, 'latest', or 'best' (the default: the best evaluated version, "
+        "the latest before any evaluation).",
+    ),
 ) -> Response:
     """A prompt version as a zipped PEFT adapter folder."""
     filename, archive = service.export_prompt(fid, version, format)

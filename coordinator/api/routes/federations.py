@@ -102,6 +102,20 @@ def get_prompt(
     return Response(pv.blob, media_type="application/octet-stream", headers=headers)
 
 
+@router.get(
+    "/{fid}/prompts/{version}/control",
+    response_class=Response,
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "safetensors bytes"},
+        **problem_responses(404, 410, e404="no such version, or the federation does not use SCAFFOLD"),
+    },
+)
+def get_control(fid: IdPath, version: VersionPath, service: ServiceDep, who: EitherDep) -> Response:
+    """SCAFFOLD's server control variate after a prompt version (float32 safetensors, zeros after
+    version 0; only the latest version's is kept). Training clients fetch it with the base prompt."""
+    return Response(service.get_control(fid, version, client=who), media_type="application/octet-stream")
+
+
 @router.put(
     "/{fid}" + INITIAL_PROMPT,
     dependencies=[AdminDep],
