@@ -12,6 +12,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from fedprompt.coordinator.logic.evaluation import BEST_RULE, best_version
 from fedprompt.coordinator.logic.ledger import ledger
 from fedprompt.shared.local import cpu_model
 from fedprompt.shared.privacy import (
@@ -80,6 +81,7 @@ def round_records(rounds: list[dict[str, Any]], spec: dict[str, Any] | None = No
                 "participants": stats.get("participants", len(r["participants"])),
                 "accuracy": ev.get("accuracy"),
                 "macro_f1": ev.get("macro_f1"),
+                "collapsed": bool(ev.get("collapsed")),
                 "per_class_accuracy": ev.get("per_class_accuracy"),
                 "confusion": ev.get("confusion"),
                 "eval_loss": ev.get("loss"),
@@ -106,6 +108,36 @@ def round_records(rounds: list[dict[str, Any]], spec: dict[str, Any] | None = No
     return out
 
 
+def best_of(records: list[dict[str, Any]], initial: dict[str, Any] | None) -> dict[str, Any]:
+    """results.json's best_* fields: the best evaluated version (round 0 included) by the
+    coordinator's rule (coordinator/logic/evaluation.py BEST_RULE), which `fedprompt prompt get` and
+    the PEFT export hand out by default. In a simulation the clients evaluate on shares of the test
+    split, so the best version is chosen on the data it is reported on: an upper estimate."""
+    start = initial_record(initial)
+    rows = ([start] if start else []) + records
+    summaries = [
+        {
+            "version": r["round"],
+            "accuracy": r["accuracy"],
+            "macro_f1": r.get("macro_f1"),
+            "confusion": r.get("confusion"),
+            "per_class_samples": [sum(row) for row in r.get("confusion") or []],
+        }
+        for r in rows
+        if r.get("accuracy") is not None
+    ]
+    best = best_version(summaries)
+    if best is None:
+        return {}
+    row = next(r for r in rows if r["round"] == best["version"])
+    return {
+        "best_version": best["version"],
+        "best_accuracy": row["accuracy"],
+        "best_macro_f1": row.get("macro_f1"),
+        "best_rule": BEST_RULE,
+    }
+
+
 def initial_record(initial: dict[str, Any] | None) -> dict[str, Any] | None:
     """Round 0 in the shape of a round record: the starting prompt's evaluation, nothing trained or
     sent (None before any client reported it)."""
@@ -117,6 +149,7 @@ def initial_record(initial: dict[str, Any] | None) -> dict[str, Any] | None:
         "participants": 0,
         "accuracy": initial.get("accuracy"),
         "macro_f1": initial.get("macro_f1"),
+        "collapsed": bool(initial.get("collapsed")),
         "per_class_accuracy": initial.get("per_class_accuracy"),
         "confusion": initial.get("confusion"),
         "eval_loss": initial.get("loss"),
@@ -240,11 +273,15 @@ def write_results(
     which no client measured the ASR has no ASR field in results.json nor column in rounds.csv."""
     asr = measured_asr(records, initial)
     records = records if asr else without_asr(records)
+    best = best_of(records, initial)
     results = {
         "spec": spec,
         "rounds": records,
         "initial_accuracy": (initial or {}).get("accuracy"),
         "final_accuracy": records[-1]["accuracy"] if records else None,
+        "final_macro_f1": records[-1].get("macro_f1") if records else None,
+        "final_collapsed": bool(records and records[-1].get("collapsed")),
+        **best,
         "initial_asr": (initial or {}).get("asr"),
         "final_asr": records[-1].get("asr") if records else None,
         "total_bytes_up": sum(r["bytes_up"] for r in records),

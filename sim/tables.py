@@ -103,6 +103,20 @@ def print_summary(results: dict[str, Any], out: Path) -> None:
             for name, v in zip(labels, last["per_class_accuracy"], strict=False)
         )
         console.print(f"final macro-F1 {fmt(last.get('macro_f1'), pct=True)} %; per class: {per_class}")
+        if last.get("collapsed"):
+            console.print(
+                "[bold yellow]warning:[/] the final prompt predicts one class for (nearly) every example: "
+                "a constant predictor, whatever its accuracy. Label skew drove it there; see "
+                "docs/label-skew.md (drift correction, more clients per round, fewer local steps).",
+                soft_wrap=True,
+            )
+    if results.get("best_version") is not None:
+        console.print(
+            f"best version {results['best_version']}: accuracy {fmt(results['best_accuracy'], pct=True)} %, "
+            f"macro-F1 {fmt(results.get('best_macro_f1'), pct=True)} % (by macro-F1 on the clients' "
+            "evaluation shares, never a collapsed version; `fedprompt prompt get` hands it out by default)",
+            soft_wrap=True,
+        )
     base = results.get("baseline")
     if base:
         took = f" in {base['seconds']:.0f}s" if base.get("seconds") is not None else ""

@@ -97,6 +97,11 @@ class ExperimentConfig(BaseModel):
         description="Options per data set (e.g. a template and label words that suit it), applied to "
         "every cell of that data set after base and before the cell's own grid values.",
     )
+    variants: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Named bundles of options (e.g. a method: its drift correction, fraction and local "
+        "steps together); a grid or extra cell names one with its 'variant' key.",
+    )
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     warm_start: WarmStart | None = None
     table: TableSpec = Field(default_factory=TableSpec)
@@ -149,6 +154,16 @@ class ExperimentConfig(BaseModel):
                 raise ValueError(f"grid.{key} must be a non-empty list")
         return v
 
+    @model_validator(mode="after")
+    def _variants(self) -> ExperimentConfig:
+        named = {str(v) for v in self.grid.get("variant", [])} | {
+            str(c["variant"]) for c in self.extra_cells if "variant" in c
+        }
+        unknown = sorted(named - set(self.variants))
+        if unknown:
+            raise ValueError(f"variant {unknown} is not defined under variants (defined: {sorted(self.variants)})")
+        return self
+
 
 @dataclass(frozen=True)
 class Cell:
@@ -197,7 +212,9 @@ def expand(config: ExperimentConfig) -> list[Cell]:
                 continue
             seen.add(cid)
             dataset = str(params.get("dataset", config.base.get("dataset")))
-            options = {**config.base, **config.by_dataset.get(dataset, {}), **params, "seed": seed}
+            bundle = config.variants.get(str(params.get("variant")), {})
+            own = {k: v for k, v in params.items() if k != "variant"}
+            options = {**config.base, **config.by_dataset.get(dataset, {}), **bundle, **own, "seed": seed}
             cells.append(Cell(params=params, options=options, seed=seed, id=cid))
     return cells
 
