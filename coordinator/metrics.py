@@ -139,6 +139,12 @@ class DatabaseGauges(Collector):
             "fedprompt_enrolled_clients", "Clients ever enrolled, revoked included.", labels=["federation"]
         )
         revoked = GaugeMetricFamily("fedprompt_revoked_clients", "Revoked clients.", labels=["federation"])
+        collapsed = GaugeMetricFamily(
+            "fedprompt_collapsed_versions",
+            "Prompt versions whose clients' evaluations, summed, show a constant predictor "
+            "(a 'version_collapsed' event).",
+            labels=["federation"],
+        )
         if counts is not None:
             up.add_metric([], 1)
             for state, n in sorted(counts["federations"].items()):
@@ -149,7 +155,8 @@ class DatabaseGauges(Collector):
                 active.add_metric([str(fid)], c["active"])
                 enrolled.add_metric([str(fid)], c["enrolled"])
                 revoked.add_metric([str(fid)], c["revoked"])
-        yield from (up, feds, rounds, active, enrolled, revoked)
+                collapsed.add_metric([str(fid)], c.get("collapsed", 0))
+        yield from (up, feds, rounds, active, enrolled, revoked, collapsed)
 
 
 class CoordinatorMetrics:

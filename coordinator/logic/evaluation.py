@@ -85,6 +85,12 @@ def predicted_share(confusion: list[list[int]] | None) -> tuple[int, float] | No
     return top, columns[top] / total
 
 
+def one_class(confusion: list[list[int]] | None) -> bool:
+    """Whether one report's own predictions fall to one class (COLLAPSE_SHARE of them)."""
+    share = predicted_share(confusion)
+    return share is not None and share[1] >= COLLAPSE_SHARE
+
+
 def collapsed(summary: dict[str, Any] | None) -> bool:
     """Whether a version's predictions fall to one class (a constant predictor): COLLAPSE_SHARE of
     the examples predicted as one label while the examples hold at least two labels."""

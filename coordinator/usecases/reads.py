@@ -196,6 +196,13 @@ class Reads:
             feds = s.execute(select(Federation.id, Federation.state, Federation.spec)).all()
             rounds = dict(s.execute(select(Round.state, func.count()).group_by(Round.state)).all())
             clients = s.execute(select(Client.federation_id, Client.revoked_at, Client.last_seen_at)).all()
+            collapsed = dict(
+                s.execute(
+                    select(Event.federation_id, func.count())
+                    .where(Event.kind == "version_collapsed")
+                    .group_by(Event.federation_id)
+                ).all()
+            )
         timeout = {fid: float((spec or {}).get("availability_timeout_s") or 600.0) for fid, _, spec in feds}
         per_fed: dict[int, dict[str, int]] = {
             fid: {"enrolled": 0, "revoked": 0, "active": 0} for fid, _, _ in feds
@@ -210,6 +217,8 @@ class Reads:
         by_state: dict[str, int] = {}
         for _, state, _ in feds:
             by_state[state] = by_state.get(state, 0) + 1
+        for fid, n in collapsed.items():
+            per_fed.setdefault(fid, {"enrolled": 0, "revoked": 0, "active": 0})["collapsed"] = n
         return {"federations": by_state, "rounds": rounds, "clients": per_fed}
 
 

@@ -14,9 +14,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from fedprompt.coordinator.db import Client, Evaluation, Federation, Participant, Round, Update
+from fedprompt.coordinator.db import Client, Evaluation, Event, Federation, Participant, Round, Update
 from fedprompt.coordinator.errors import Invalid, NotFound, ServiceError
 from fedprompt.coordinator.groupcommit import GroupCommit
+from fedprompt.coordinator.logic.evaluation import one_class, predicted_share, summarize_evaluations
 from fedprompt.coordinator.logic.uploads import (
     PendingUpload,
     Selection,
@@ -28,8 +29,8 @@ from fedprompt.coordinator.logic.uploads import (
 )
 from fedprompt.coordinator.store import Store, no_federation
 from fedprompt.coordinator.usecases.secagg import SecureRounds
-from fedprompt.shared import wire
-from sqlalchemy import insert, select
+from fedprompt.shared import evalstats, wire
+from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import defer
 
@@ -219,4 +220,44 @@ class Uploads:
                 )
         except IntegrityError:  # the same client's concurrent report committed first
             return False
+        if one_class(evalstats.read_confusion(payload.get("metrics"))):
+            self._flag_collapse(fid, version)
         return True
+
+    def _flag_collapse(self, fid: int, version: int) -> None:
+        """Record a 'version_collapsed' event once the reports on a version, summed, show a constant
+        predictor (coordinator/logic/evaluation.collapsed) and at least half of the federation's active
+        clients reported. Only a report whose own predictions fall to one class leads here, so a
+        healthy federation never runs the summary query."""
+        with self.store.tx() as s:
+            self.store.lock_federation(s, fid)  # one event per version across concurrent reports
+            seen = s.scalar(
+                select(Event.id).where(
+                    Event.federation_id == fid,
+                    Event.kind == "version_collapsed",
+                    Event.round_number == version,
+                )
+            )
+            if seen is not None:
+                return
+            active = s.scalar(
+                select(func.count())
+                .select_from(Client)
+                .where(Client.federation_id == fid, Client.revoked_at.is_(None))
+            )
+            rows = s.scalars(
+                select(Evaluation).where(Evaluation.federation_id == fid, Evaluation.version == version)
+            ).all()
+            summary = summarize_evaluations(version, rows)
+            if summary is None or not summary["collapsed"] or 2 * len(rows) < int(active or 0):
+                return
+            label, share = predicted_share(summary["confusion"]) or (0, 0.0)
+            self.store.event(
+                s,
+                fid,
+                "version_collapsed",
+                f"version {version} predicts label {label} for {100 * share:.1f} % of the {summary['num_samples']} "
+                f"examples {len(rows)} client(s) evaluated: a constant predictor (macro-F1 "
+                f"{100 * (summary.get('macro_f1') or 0):.1f} %); the best version stays the one handed out",
+                version,
+            )

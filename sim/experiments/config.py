@@ -161,7 +161,9 @@ class ExperimentConfig(BaseModel):
         }
         unknown = sorted(named - set(self.variants))
         if unknown:
-            raise ValueError(f"variant {unknown} is not defined under variants (defined: {sorted(self.variants)})")
+            raise ValueError(
+                f"variant {unknown} is not defined under variants (defined: {sorted(self.variants)})"
+            )
         return self
 
 

@@ -68,3 +68,26 @@ def test_rounds_without_per_class_counts_leave_the_columns_empty(tmp_path: Path)
     assert records[0]["macro_f1"] is None and per_class_text(records[0]["per_class_accuracy"]) == "-"
     header = (tmp_path / "rounds.csv").read_text().splitlines()[0]
     assert "macro_f1" in header and "accuracy_" not in header.replace("accuracy,", "")
+
+
+def test_results_name_the_best_version_and_warn_of_a_constant_predictor(tmp_path: Path) -> None:
+    spec = FederationSpec.model_validate(SMALL_SPEC).model_dump()
+    flat = {**EVALUATION, "confusion": [[20, 0], [20, 0]], "per_class_accuracy": [1.0, 0.0]}
+    flat |= {"accuracy": 0.5, "macro_f1": 1 / 3, "collapsed": True}
+    rounds = [_round(1), {**_round(2), "evaluation": flat}]
+    records = round_records(rounds, spec)
+    initial = {**EVALUATION, "accuracy": 0.6, "macro_f1": 0.55, "confusion": [[12, 8], [8, 12]]}
+    results = write_results(tmp_path, spec, records, initial, 1.0, {"labels": ["ham", "spam"]})
+    assert results["final_collapsed"] is True and results["final_accuracy"] == 0.5
+    assert results["best_version"] == 1 and results["best_accuracy"] == 0.75
+    assert results["best_macro_f1"] == pytest.approx(0.7333333) and "collapsed" in results["best_rule"]
+    console = Console(record=True, width=200)
+    import fedprompt.sim.tables as tables
+
+    before, tables.console = tables.console, console
+    try:
+        tables.print_summary(results, tmp_path)
+    finally:
+        tables.console = before
+    text = console.export_text()
+    assert "constant predictor" in text and "best version 1: accuracy 75.0 %" in text
