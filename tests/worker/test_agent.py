@@ -12,8 +12,9 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 from fedprompt.shared import wire
-from fedprompt.shared.spec import FederationSpec
+from fedprompt.shared.spec import DriftCorrectionSpec, FederationSpec
 from fedprompt.worker.agent import Agent, AgentConfig
 from fedprompt.worker.data import Example
 
@@ -258,3 +259,77 @@ def test_a_coordinator_that_refuses_the_model_size_does_not_stop_the_worker(tmp_
     _run_until_done(agent)
     assert any(c == "PUT /api/v1/federations/1/model-parameters" for c in older.calls)
     assert len(older.uploads) == 1 and agent.status.rounds_trained == [1]
+
+
+# -- SCAFFOLD on the client's side ------------------------------------------------------------
+
+SCAFFOLD_SPEC = SPEC.model_copy(update={"drift_correction": DriftCorrectionSpec(name="scaffold")})
+SERVER_C = np.full((2, 4), 0.25, np.float32)
+MEAN_GRAD = np.arange(8, dtype=np.float64).reshape(2, 4) / 10
+
+
+class ScaffoldEngine(FakeEngine):
+    seen: list[dict[str, Any]] = []
+
+    def get_prompt(self) -> dict[str, np.ndarray]:
+        return {"prompt_embeddings": self.prompt}
+
+    def train(self, examples: list[Example], *, steps: int, progress: Any, **options: Any) -> _Train:
+        ScaffoldEngine.seen.append(options)
+        result = super().train(examples, steps=steps, progress=progress)
+        result.mean_gradient = {"prompt_embeddings": MEAN_GRAD}  # type: ignore[attr-defined]
+        return result
+
+
+class ScaffoldCoordinator(FakeCoordinator):
+    def __init__(self, answer: int) -> None:
+        super().__init__(0)
+        self.answer = answer
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path.endswith("/spec"):
+            return httpx.Response(200, json=SCAFFOLD_SPEC.model_dump(mode="json"))
+        if path.endswith("/prompts/0/control"):
+            return httpx.Response(200, content=wire.encode({"prompt_embeddings": SERVER_C}))
+        if path.endswith("/update") and self.answer != 201:
+            self.uploads.append(request.content)
+            return httpx.Response(self.answer, json={"detail": "refused"})
+        return super().__call__(request)
+
+
+@pytest.mark.parametrize("answer", [201, 409])
+def test_a_scaffold_client_corrects_uploads_its_change_and_keeps_c_i_only_once_acknowledged(
+    tmp_path: Path, answer: int
+) -> None:
+    ScaffoldEngine.seen = []
+    coordinator = ScaffoldCoordinator(answer)
+    _run_until_done(_agent(tmp_path, coordinator, engine=ScaffoldEngine))
+    (options,) = ScaffoldEngine.seen
+    assert options["mean_gradient"] is True and "prox_mu" not in options
+    np.testing.assert_allclose(options["correction"]["prompt_embeddings"], 0.25)  # c − c_i, c_i = 0 at first
+    tensors, _ = wire.decode(coordinator.uploads[-1])
+    np.testing.assert_allclose(tensors["control/prompt_embeddings"], MEAN_GRAD, rtol=1e-6)  # Δc_i = c_i⁺ − 0
+    held = tmp_path / "control.safetensors"
+    if answer == 201:
+        np.testing.assert_allclose(
+            wire.decode(held.read_bytes())[0]["prompt_embeddings"], MEAN_GRAD, rtol=1e-6
+        )
+    else:  # refused: its Δc_i never counted in c, so c_i stays as it was
+        assert not held.exists()
+    assert not list((tmp_path / "pending").iterdir())
+
+
+def test_a_fedprox_client_passes_mu_to_the_engine(tmp_path: Path) -> None:
+    ScaffoldEngine.seen = []
+    prox = SPEC.model_copy(update={"drift_correction": DriftCorrectionSpec(name="fedprox", mu=0.2)})
+
+    class Prox(FakeCoordinator):
+        def __call__(self, request: httpx.Request) -> httpx.Response:
+            if request.url.path.endswith("/spec"):
+                return httpx.Response(200, json=prox.model_dump(mode="json"))
+            return super().__call__(request)
+
+    _run_until_done(_agent(tmp_path, Prox(0), engine=ScaffoldEngine))
+    (options,) = ScaffoldEngine.seen
+    assert options["prox_mu"] == 0.2 and "correction" not in options and "mean_gradient" not in options
