@@ -73,21 +73,22 @@ class SimulateOptions:
     scoring: str
     secure_aggregation: bool = False
     secagg_clip: float | None = None
-    drift_correction: str = "none"
     precision: str = "auto"
+    drift_correction: str = "none"
     resume: bool = False
     force: bool = False
     data_name: str | None = None
 
 
-def parse_aggregation(text: str) -> dict[str, Any]:
-    """'trimmed_mean:beta=0.2' or 'multi_krum:f=1,m=7' → {"name": ..., "params": {...}} (numbers parsed)."""
+def parse_aggregation(text: str, option: str = "--aggregation", example: str = "trimmed_mean:beta=0.2") -> dict[str, Any]:
+    """'trimmed_mean:beta=0.2' or 'multi_krum:f=1,m=7' → {"name": ..., "params": {...}} (numbers parsed);
+    `option` and `example` name the command-line option in the messages."""
     name, _, rest = text.strip().partition(":")
     params: dict[str, Any] = {}
     for item in filter(None, (x.strip() for x in rest.split(","))):
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise ValueError(f"--aggregation {text!r}: parameters are key=value, e.g. trimmed_mean:beta=0.2")
+            raise ValueError(f"{option} {text!r}: parameters are key=value, e.g. {example}")
         try:
             number = float(value)
         except ValueError:
@@ -95,7 +96,7 @@ def parse_aggregation(text: str) -> dict[str, Any]:
             continue
         params[key.strip()] = int(number) if number.is_integer() and "." not in value else number
     if not name:
-        raise ValueError("--aggregation needs a rule name, e.g. fedavg, median or trimmed_mean:beta=0.2")
+        raise ValueError(f"{option} needs a name, e.g. {example}")
     return {"name": name, "params": params}
 
 
@@ -105,7 +106,7 @@ def parse_server_optimizer(text: str) -> dict[str, Any] | None:
     from fedprompt.shared.spec import ServerOptimizerSpec
     from pydantic import ValidationError
 
-    parsed = parse_aggregation(text.replace("--aggregation", "--server-optimizer"))
+    parsed = parse_aggregation(text, "--server-optimizer", "fedadam:lr=0.1")
     if parsed["name"] == "fedavg" and not parsed["params"]:
         return None
     fields = {"name": parsed["name"], **parsed["params"]}
@@ -122,7 +123,7 @@ def parse_drift_correction(text: str) -> dict[str, Any] | None:
     from fedprompt.shared.spec import DriftCorrectionSpec
     from pydantic import ValidationError
 
-    parsed = parse_aggregation(text.replace("--aggregation", "--drift-correction"))
+    parsed = parse_aggregation(text, "--drift-correction", "fedprox:mu=0.01")
     if parsed["name"] == "none" and not parsed["params"]:
         return None
     try:

@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 from fedprompt.coordinator.logic.ledger import ledger
 from fedprompt.shared.spec import FederationSpec, default_lr
-from fedprompt.sim.options import SimulateOptions, parse_aggregation, privacy_spec
+from fedprompt.sim.options import (
+    SimulateOptions,
+    parse_aggregation,
+    parse_drift_correction,
+    parse_server_optimizer,
+    privacy_spec,
+)
 from fedprompt.sim.results import ldp_facts, round_records, write_results
 from fedprompt.sim.simulate import simulate_command
 from fedprompt.sim.tables import row_table
@@ -31,6 +37,26 @@ def test_aggregation_option_parses_rule_and_numbers() -> None:
     assert parse_aggregation("trimmed_mean:beta=0.2") == {"name": "trimmed_mean", "params": {"beta": 0.2}}
     with pytest.raises(ValueError, match="key=value"):
         parse_aggregation("median:0.2")
+
+
+def test_each_option_names_itself_in_its_errors() -> None:
+    with pytest.raises(
+        ValueError, match=r"^--server-optimizer 'fedadam:lr': parameters are key=value, e.g. fedadam:lr=0.1$"
+    ):
+        parse_server_optimizer("fedadam:lr")
+    with pytest.raises(ValueError, match=r"^--drift-correction needs a name, e.g. fedprox:mu=0.01$"):
+        parse_drift_correction(":mu=1")
+    with pytest.raises(ValueError, match=r"^--aggregation 'median:x': parameters are key=value"):
+        parse_aggregation("median:x")
+
+
+def test_drift_correction_option() -> None:
+    assert parse_drift_correction("none") is None
+    assert parse_drift_correction("fedprox") == {"name": "fedprox", "mu": 0.01}
+    assert parse_drift_correction("fedprox:mu=0.5") == {"name": "fedprox", "mu": 0.5}
+    assert parse_drift_correction("scaffold") == {"name": "scaffold"}
+    with pytest.raises(ValueError, match="takes no mu"):
+        parse_drift_correction("scaffold:mu=1")
 
 
 def test_privacy_options_go_together() -> None:
