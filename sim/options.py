@@ -80,7 +80,9 @@ class SimulateOptions:
     data_name: str | None = None
 
 
-def parse_aggregation(text: str, option: str = "--aggregation", example: str = "trimmed_mean:beta=0.2") -> dict[str, Any]:
+def parse_aggregation(
+    text: str, option: str = "--aggregation", example: str = "trimmed_mean:beta=0.2"
+) -> dict[str, Any]:
     """'trimmed_mean:beta=0.2' or 'multi_krum:f=1,m=7' → {"name": ..., "params": {...}} (numbers parsed);
     `option` and `example` name the command-line option in the messages."""
     name, _, rest = text.strip().partition(":")
