@@ -24,6 +24,9 @@ PERCENT = {
     "accuracy_drop",
     "final_macro_f1",
     "majority_rate",
+    "best_accuracy",
+    "best_macro_f1",
+    "collapsed",  # the share of the seeds whose final version collapsed
 }
 
 
