@@ -238,3 +238,23 @@ def processes_mentioning(text: str) -> list[tuple[int, str]]:
         if text in cmdline and state != "Z":
             found.append((int(entry.name), cmdline))
     return found
+
+
+def enrol_clients(
+    api: Any, spec: dict[str, Any], n: int, *, num_samples: int = 10
+) -> tuple[int, list[dict[str, str]]]:
+    """Create a federation through the API and enrol n clients; returns (fid, their auth headers)."""
+    fid = api.post("/api/v1/federations", json=spec, headers=ADMIN_AUTH).json()["id"]
+    token = api.post(f"/api/v1/federations/{fid}/enrollment-tokens", json={}, headers=ADMIN_AUTH).json()[
+        "token"
+    ]
+    headers = []
+    for i in range(n):
+        r = api.post(
+            f"/api/v1/federations/{fid}/clients",
+            json={"name": f"site-{i}", "num_samples": num_samples},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert r.status_code == 201, r.text
+        headers.append({"Authorization": f"Bearer {r.json()['token']}"})
+    return fid, headers

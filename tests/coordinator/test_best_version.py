@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from fedprompt.coordinator.logic.evaluation import best_version, collapsed, one_class, predicted_share
 from fedprompt.shared.evalstats import confusion_metrics
 
-from tests.helpers import ADMIN, ADMIN_AUTH, SMALL_SPEC, update_blob
+from tests.helpers import ADMIN, ADMIN_AUTH, SMALL_SPEC, enrol_clients, update_blob
 
 API = "/api/v1/federations"
 
@@ -49,21 +49,6 @@ def test_a_constant_predictor_is_flagged_and_never_best() -> None:
     assert best_version([]) is None
 
 
-def _enrol(api: TestClient, fid: int, n: int) -> list[dict[str, str]]:
-    token = api.post(f"{API}/{fid}/enrollment-tokens", json={}, headers=ADMIN_AUTH).json()["token"]
-    return [
-        {
-            "Authorization": "Bearer "
-            + api.post(
-                f"{API}/{fid}/clients",
-                json={"name": f"c{i}", "num_samples": 30},
-                headers={"Authorization": f"Bearer {token}"},
-            ).json()["token"]
-        }
-        for i in range(n)
-    ]
-
-
 def _report(
     api: TestClient, fid: int, version: int, headers: dict[str, str], confusion: list[list[int]]
 ) -> None:
@@ -96,8 +81,7 @@ def _events(api: TestClient, fid: int) -> list[dict[str, Any]]:
 
 
 def test_the_best_version_is_handed_out_and_a_collapse_is_recorded(api: TestClient) -> None:
-    fid = api.post(API, json=SMALL_SPEC, headers=ADMIN_AUTH).json()["id"]
-    clients = _enrol(api, fid, 2)
+    fid, clients = enrol_clients(api, SMALL_SPEC, 2, num_samples=30)
     assert api.get(f"{API}/{fid}", headers=ADMIN_AUTH).json()["best_version"] is None
     for headers in clients:
         _report(api, fid, 0, headers, [[8, 2], [3, 7]])

@@ -12,23 +12,10 @@ from fastapi.testclient import TestClient
 from fedprompt.shared import drift, wire
 from fedprompt.shared.spec import FederationSpec
 
-from tests.helpers import ADMIN_AUTH, SMALL_SPEC, random_tensors
+from tests.helpers import ADMIN_AUTH, SMALL_SPEC, enrol_clients, random_tensors
 
 SPEC = {**SMALL_SPEC, "drift_correction": {"name": "scaffold"}, "rounds": 3, "min_clients": 3}
 API = "/api/v1/federations"
-
-
-def _enrol(api: TestClient, fid: int, n: int) -> list[dict[str, str]]:
-    token = api.post(f"{API}/{fid}/enrollment-tokens", json={}, headers=ADMIN_AUTH).json()["token"]
-    out = []
-    for i in range(n):
-        got = api.post(
-            f"{API}/{fid}/clients",
-            json={"name": f"site-{i}", "num_samples": 30},
-            headers={"Authorization": f"Bearer {token}"},
-        ).json()
-        out.append({"Authorization": f"Bearer {got['token']}"})
-    return out
 
 
 def _update(
@@ -43,8 +30,7 @@ def _update(
 
 def test_a_scaffold_round_over_http(api: TestClient) -> None:
     spec = FederationSpec.model_validate(SPEC)
-    fid = api.post(API, json=SPEC, headers=ADMIN_AUTH).json()["id"]
-    clients = _enrol(api, fid, 3)
+    fid, clients = enrol_clients(api, SPEC, 3, num_samples=30)
     # round 1 opened at the third enrolment, with every client (C = 1)
     zero = wire.decode(api.get(f"{API}/{fid}/prompts/0/control", headers=clients[0]).content)[0]
     assert all(not a.any() for a in zero.values()) and set(zero) == set(spec.tensor_shapes())

@@ -31,7 +31,6 @@ def test_many_waiters_share_one_reader_and_all_wake_on_a_change() -> None:
     async def scenario() -> tuple[list[float], int]:
         seen = await watch.stamp(1)
         reads_before = fake.reads
-        t0 = time.monotonic()
         waiters = [asyncio.create_task(watch.wait_change(1, seen, timeout=10)) for _ in range(50)]
         await asyncio.sleep(0.5)  # ~10 reader intervals: one read each, not one per waiter
         reads_while_waiting = fake.reads - reads_before

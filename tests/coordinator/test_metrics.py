@@ -22,7 +22,7 @@ from fedprompt.shared.spec import FederationSpec
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.coordinator.conftest import LIMIT, FakeClock
-from tests.helpers import ADMIN, SMALL_SPEC, update_blob
+from tests.helpers import ADMIN, SMALL_SPEC, enrol_clients, update_blob
 
 ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -47,18 +47,7 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 def enrol(api: TestClient, spec: dict[str, Any], n: int) -> tuple[int, list[dict[str, str]]]:
     """Create a federation and enrol n clients; returns (fid, their auth headers)."""
-    fid = api.post("/api/v1/federations", json=spec, headers=ADMIN_H).json()["id"]
-    token = api.post(f"/api/v1/federations/{fid}/enrollment-tokens", json={}, headers=ADMIN_H).json()["token"]
-    headers = []
-    for i in range(n):
-        r = api.post(
-            f"/api/v1/federations/{fid}/clients",
-            json={"name": f"site-{i}", "num_samples": 10},
-            headers={"Authorization": f"Bearer {token}"},
-        )
-        assert r.status_code == 201, r.text
-        headers.append({"Authorization": f"Bearer {r.json()['token']}"})
-    return fid, headers
+    return enrol_clients(api, spec, n)
 
 
 def put(api: TestClient, fid: int, number: int, body: bytes, headers: dict[str, str]) -> int:
