@@ -93,6 +93,9 @@ class Client(Base):
     signing_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # hex SHA-256 of the client certificate it enrolled with under mutual TLS (api/tls.py)
     tls_fingerprint: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # what the client last said it was doing: {"phase", "round", "step", "total_steps", "at"} from its
+    # training heartbeat (coordinator/logic/sites.py reads a site's state off it and last_seen_at)
+    activity: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class Round(Base):

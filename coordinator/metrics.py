@@ -139,6 +139,12 @@ class DatabaseGauges(Collector):
             "fedprompt_enrolled_clients", "Clients ever enrolled, revoked included.", labels=["federation"]
         )
         revoked = GaugeMetricFamily("fedprompt_revoked_clients", "Revoked clients.", labels=["federation"])
+        stale = GaugeMetricFamily(
+            "fedprompt_stale_clients",
+            "Clients not revoked, silent past the federation's stale_after_s (three heartbeats) but "
+            "within its availability timeout: dead, hung or cut off.",
+            labels=["federation"],
+        )
         collapsed = GaugeMetricFamily(
             "fedprompt_collapsed_versions",
             "Prompt versions whose clients' evaluations, summed, show a constant predictor "
@@ -155,8 +161,9 @@ class DatabaseGauges(Collector):
                 active.add_metric([str(fid)], c["active"])
                 enrolled.add_metric([str(fid)], c["enrolled"])
                 revoked.add_metric([str(fid)], c["revoked"])
+                stale.add_metric([str(fid)], c.get("stale", 0))
                 collapsed.add_metric([str(fid)], c.get("collapsed", 0))
-        yield from (up, feds, rounds, active, enrolled, revoked, collapsed)
+        yield from (up, feds, rounds, active, enrolled, revoked, stale, collapsed)
 
 
 class CoordinatorMetrics:

@@ -159,6 +159,9 @@ class Coordinator:
     def get_prompt(self, fid: int, version: str | int, *, client: Client | None = None) -> PromptVersion:
         return self.tasks.get_prompt(fid, version, client=client)
 
+    def report_activity(self, client: Client, activity: dict[str, Any]) -> None:
+        self.enrolment.report_activity(client, activity)
+
     def get_control(self, fid: int, version: str | int, *, client: Client | None = None) -> bytes:
         return self.tasks.get_control(fid, version, client=client)
 

@@ -38,10 +38,9 @@ from fedprompt.shared.spec import FederationSpec
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer, sessionmaker
 
-# A poll does not write last_seen_at again within a tenth of the federation's availability timeout
-# of the client's last recorded one, and never more than this long (5 s until the process has read
-# the federation's spec).
-HEARTBEAT_MAX_INTERVAL_S = 60.0
+# A poll does not write last_seen_at again within the federation's heartbeat interval
+# (FederationSpec.heartbeat_s: a tenth of its availability timeout, at most a minute) of the client's
+# last recorded one (5 s until the process has read the federation's spec).
 HEARTBEAT_MIN_INTERVAL_S = 5.0
 # Prompt versions kept in memory, first in first out: the ones read every round are the latest
 # (which workers evaluate) and the open round's base, the same version.
@@ -179,7 +178,7 @@ class Store:
 
     def _remember_spec(self, fid: int, raw: dict[str, Any]) -> FederationSpec:
         spec = self._specs[fid] = FederationSpec.model_validate(raw)
-        self._heartbeat_s[fid] = min(HEARTBEAT_MAX_INTERVAL_S, spec.availability_timeout_s / 10)
+        self._heartbeat_s[fid] = spec.heartbeat_s
         return spec
 
     def heartbeat_interval(self, fid: int) -> float:

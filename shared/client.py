@@ -177,6 +177,11 @@ class CoordinatorClient:
         )
         return resp.json()["model_parameters"]
 
+    def activity(self, fid: int, activity: dict[str, Any]) -> None:
+        """A heartbeat (client token): what this worker is doing, e.g. {"phase": "training", "round": 3,
+        "step": 40, "total_steps": 100}."""
+        self._call("PUT", f"{API}/federations/{fid}/activity", json=activity)
+
     def task(self, fid: int, *, wait: float = 0.0) -> dict[str, Any] | None:
         """The next task, or None (204) after long-polling `wait` seconds."""
         resp = self._call(

@@ -483,6 +483,16 @@ class FederationSpec(BaseModel):
         return method_tensor_shapes(self.method_config())
 
     @property
+    def heartbeat_s(self) -> float:
+        """Seconds between a training worker's heartbeats (heartbeat_interval)."""
+        return heartbeat_interval(self.availability_timeout_s)
+
+    @property
+    def stale_after_s(self) -> float:
+        """A site silent this long (STALE_HEARTBEATS heartbeats missed) is shown stale."""
+        return STALE_HEARTBEATS * self.heartbeat_s
+
+    @property
     def scaffold(self) -> bool:
         """Whether clients keep SCAFFOLD control variates."""
         return self.drift_correction is not None and self.drift_correction.scaffold
@@ -498,6 +508,15 @@ class FederationSpec(BaseModel):
     def num_selected(self, available: int) -> int:
         """How many clients a round selects: max(ceil(C*K), min_clients), at most K."""
         return min(available, max(math.ceil(self.fraction * available - 1e-9), self.min_clients))
+
+
+STALE_HEARTBEATS = 3  # heartbeats a site may miss before it is shown stale
+
+
+def heartbeat_interval(availability_timeout_s: float) -> float:
+    """Seconds between a training worker's heartbeats, and the coordinator's granularity of a
+    client's last-seen time: a tenth of the federation's availability timeout, at most a minute."""
+    return min(60.0, availability_timeout_s / 10)
 
 
 def initial_prompt(spec: FederationSpec) -> dict[str, np.ndarray]:

@@ -12,8 +12,8 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -254,6 +254,46 @@ class Agent:
         self.status.state = "idle"
 
     def _train(self, task: dict[str, Any]) -> None:
+        with self._heartbeats(int(task["round"])):
+            self._train_round(task)
+
+    @contextmanager
+    def _heartbeats(self, number: int) -> Iterator[None]:
+        """Tell the coordinator every heartbeat_s that this client trains for round `number` (so a
+        slow site is not taken for a dead one), and that it is idle once the round's work is done.
+        Best effort: a heartbeat that fails is not retried, the next one goes on time."""
+        assert self.spec is not None
+        stop = threading.Event()
+
+        def beat() -> None:
+            while True:
+                self._activity(
+                    {
+                        "phase": "training",
+                        "round": number,
+                        "step": self.status.step,
+                        "total_steps": self.status.total_steps,
+                    }
+                )
+                if stop.wait(self.spec.heartbeat_s):  # type: ignore[union-attr]
+                    return
+
+        thread = threading.Thread(target=beat, name=f"heartbeat-{number}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(5.0)
+            self._activity({"phase": "idle", "round": number})
+
+    def _activity(self, activity: dict[str, Any]) -> None:
+        try:
+            self.client.activity(self.config.federation_id, activity)  # type: ignore[union-attr]
+        except (ApiError, httpx.HTTPError) as exc:
+            log.debug("heartbeat not delivered: %s", exc)
+
+    def _train_round(self, task: dict[str, Any]) -> None:
         number, version, cfg = int(task["round"]), int(task["version"]), task["config"]
         self.status.state, self.status.round = "waiting-for-slot", number
         received_at, started = time.time(), time.perf_counter()

@@ -205,6 +205,12 @@ class ClientInfo(_Open):
     enrolled_at: float
     last_seen_at: float
     revoked: bool
+    state: Literal["live", "training", "stale", "gone", "revoked"] = Field(
+        "live",
+        description="live (heard from recently), training (its heartbeat says so), stale (three "
+        "heartbeats missed), gone (unseen for availability_timeout_s: no longer selected), revoked.",
+    )
+    activity: dict[str, Any] | None = Field(None, description="Its last heartbeat: phase, round, step, at.")
     rounds_selected: int
     updates: int
     info: dict[str, Any]
@@ -216,6 +222,16 @@ class Event(_Open):
     round: int | None
     message: str
     at: float
+
+
+class Activity(BaseModel):
+    """A worker's heartbeat: what it is doing (sent every heartbeat_s while it trains)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    phase: Literal["training", "idle"]
+    round: int | None = Field(None, ge=1, le=2_147_483_647)
+    step: int | None = Field(None, ge=0, le=2_147_483_647)
+    total_steps: int | None = Field(None, ge=0, le=2_147_483_647)
 
 
 class ModelParameters(_Open):

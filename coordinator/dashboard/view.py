@@ -39,11 +39,18 @@ def pick_federation(statuses: list[dict[str, Any]], wanted: int | None) -> int |
     return (running or ids or [None])[-1]
 
 
-def client_status(client: dict[str, Any], now: float, availability_timeout_s: float) -> str:
-    """revoked, available (polled recently: can be selected) or unavailable."""
-    if client["revoked"]:
-        return "revoked"
-    return "available" if now - client["last_seen_at"] <= availability_timeout_s else "unavailable"
+def client_status(client: dict[str, Any]) -> str:
+    """The site's state as the API reports it (coordinator/logic/sites.py): live, training, stale,
+    gone or revoked."""
+    return str(client.get("state") or ("revoked" if client["revoked"] else "live"))
+
+
+def client_doing(client: dict[str, Any]) -> str:
+    """What its last heartbeat said, for the badge's tooltip."""
+    said = client.get("activity") or {}
+    if said.get("phase") == "training":
+        return f"training round {said.get('round')}: step {said.get('step')} of {said.get('total_steps')}"
+    return f"{said['phase']} after round {said.get('round')}" if said.get("phase") else "no heartbeat yet"
 
 
 def timeline(rounds: list[dict[str, Any]], quorum: int, now: float) -> list[dict[str, Any]]:
@@ -175,7 +182,6 @@ def federation_detail(
 ) -> dict[str, Any]:
     """Everything the page shows about one federation."""
     spec = status.get("spec") or {}
-    timeout = float(spec.get("availability_timeout_s", 600.0))
     names = {c["id"]: c["name"] for c in clients}
     missed: dict[int, int] = {}
     for r in rounds:
@@ -218,7 +224,8 @@ def federation_detail(
         "clients": [
             {
                 **c,
-                "status": client_status(c, now, timeout),
+                "status": client_status(c),
+                "doing": client_doing(c),
                 "missed": missed.get(c["id"], 0),
                 "refused": refused.get(c["id"], 0),
             }

@@ -175,6 +175,19 @@ class Enrolment:
             )
         client.last_seen_at = now  # the cached copy too, so the next polls skip the write
 
+    def report_activity(self, client: Client, activity: dict[str, Any]) -> None:
+        """Record a worker's heartbeat: seen now, doing this (its own transaction re-checks that the
+        client is not revoked)."""
+        now = self.store.clock()
+        with self.store.tx() as s:
+            self.store.require_active(s, client.id)
+            s.execute(
+                update(Client)
+                .where(Client.id == client.id)
+                .values(last_seen_at=now, activity={**activity, "at": now})
+            )
+        client.last_seen_at = now
+
     def revoke_client(self, fid: int, cid: int) -> None:
         """Revoke a client: its token stops working and it is never selected again."""
         with self.store.tx() as s:

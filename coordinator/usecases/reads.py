@@ -20,8 +20,9 @@ from fedprompt.coordinator.logic import secagg as secagg_rules
 from fedprompt.coordinator.logic.evaluation import summarize_evaluations
 from fedprompt.coordinator.logic.ledger import ledger
 from fedprompt.coordinator.logic.roundstats import privacy_record
+from fedprompt.coordinator.logic.sites import site_state
 from fedprompt.coordinator.store import Store
-from fedprompt.shared.spec import PrivacySpec
+from fedprompt.shared.spec import STALE_HEARTBEATS, FederationSpec, PrivacySpec, heartbeat_interval
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -148,11 +149,15 @@ class Reads:
 
     def list_clients(self, fid: int) -> list[dict[str, Any]]:
         """Every client with its activity."""
+        now = self.store.clock()
         with self.store.sessions() as s:
-            self.store.federation(s, fid)
+            fed = self.store.federation(s, fid)
+            spec = self.store.spec_of(fed)
             clients = s.scalars(select(Client).where(Client.federation_id == fid).order_by(Client.id)).all()
             rounds = count_per_client(s, Participant, fid)
             uploads = count_per_client(s, Update, fid)
+            open_round = self.store.open_round(s, fid)
+        number = open_round.number if open_round is not None else None
         return [
             {
                 "id": c.id,
@@ -161,6 +166,8 @@ class Reads:
                 "enrolled_at": c.enrolled_at,
                 "last_seen_at": c.last_seen_at,
                 "revoked": c.revoked_at is not None,
+                "state": client_state(c, now, spec, number),
+                "activity": c.activity,
                 "rounds_selected": rounds.get(c.id, 0),
                 "updates": uploads.get(c.id, 0),
                 "info": c.info,
@@ -214,6 +221,9 @@ class Reads:
                 counts["revoked"] += 1
             elif now - last_seen <= timeout.get(fid, 600.0):
                 counts["active"] += 1
+            limit = timeout.get(fid, 600.0)
+            if revoked_at is None and STALE_HEARTBEATS * heartbeat_interval(limit) < now - last_seen <= limit:
+                counts["stale"] = counts.get("stale", 0) + 1
         by_state: dict[str, int] = {}
         for _, state, _ in feds:
             by_state[state] = by_state.get(state, 0) + 1
@@ -274,3 +284,16 @@ def traffic_per_client(s: Session, fid: int) -> dict[int, dict[str, int]]:
             downloads=int(n), bytes_down=int(size)
         )
     return out
+
+
+def client_state(c: Client, now: float, spec: FederationSpec, open_round: int | None) -> str:
+    """A client's site state (coordinator/logic/sites.py) under its federation's spec."""
+    return site_state(
+        now=now,
+        last_seen_at=c.last_seen_at,
+        revoked=c.revoked_at is not None,
+        activity=c.activity,
+        open_round=open_round,
+        stale_after_s=spec.stale_after_s,
+        availability_timeout_s=spec.availability_timeout_s,
+    )

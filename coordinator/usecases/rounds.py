@@ -107,6 +107,51 @@ class RoundCycle:
                 due = rnd is not None and (rnd.deadline_at <= now or self.store.all_uploaded(s, rnd))
             if due:
                 self._close_if_due(fid)
+        for fid, _ in todo:
+            self._report_stale(fid, now)
+
+    def _report_stale(self, fid: int, now: float) -> None:
+        """One 'client_stale' event per silence of a site (coordinator/logic/sites.py): a client not
+        revoked, silent past stale_after_s and within the availability timeout, not yet reported for
+        this last-seen time (the mark is kept in its activity, so every replica reports it once)."""
+        with self.store.sessions() as s:
+            spec = self.store.spec(s, fid)
+            low, high = now - spec.availability_timeout_s, now - spec.stale_after_s
+            silent = s.execute(
+                select(Client.id, Client.last_seen_at, Client.activity).where(
+                    Client.federation_id == fid,
+                    Client.revoked_at.is_(None),
+                    Client.last_seen_at < high,
+                    Client.last_seen_at >= low,
+                )
+            ).all()
+        todo = [c for c in silent if (c.activity or {}).get("stale_reported_for") != c.last_seen_at]
+        if not todo:
+            return
+        with self.store.tx() as s:
+            self.store.lock_federation(s, fid)  # one report across replicas sweeping at once
+            for cid in [c.id for c in todo]:
+                client = s.get(Client, cid)
+                said = dict(client.activity or {}) if client is not None else {}
+                if client is None or said.get("stale_reported_for") == client.last_seen_at:
+                    continue
+                if client.last_seen_at >= high:  # heard from since the read above
+                    continue
+                doing = (
+                    f"; last heartbeat: training round {said.get('round')}, step {said.get('step')} of "
+                    f"{said.get('total_steps')}"
+                    if said.get("phase") == "training"
+                    else ""
+                )
+                self.store.event(
+                    s,
+                    fid,
+                    "client_stale",
+                    f"client {client.id} '{client.name}' silent for {now - client.last_seen_at:.0f} s "
+                    f"(stale after {spec.stale_after_s:.0f} s){doing}",
+                    said.get("round") if said.get("phase") == "training" else None,
+                )
+                client.activity = {**said, "stale_reported_for": client.last_seen_at}
 
     def after_upload(self, fid: int) -> None:
         """Close the round now if that upload was the last one missing."""

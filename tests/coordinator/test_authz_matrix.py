@@ -36,6 +36,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/federations/{fid}/clients"): ENROL,
     ("GET", "/api/v1/federations/{fid}/clients"): ADMIN_ONLY,
     ("PUT", "/api/v1/federations/{fid}/model-parameters"): CLIENT,
+    ("PUT", "/api/v1/federations/{fid}/activity"): CLIENT,
     ("DELETE", "/api/v1/federations/{fid}/clients/{cid}"): ADMIN_ONLY,
     ("POST", "/api/v1/federations/{fid}/rounds"): ADMIN_ONLY,
     ("GET", "/api/v1/federations/{fid}/rounds"): ADMIN_ONLY,
@@ -110,6 +111,8 @@ def test_route_answers_each_token_as_designed(
         kwargs["json"] = {"name": "intruder", "num_samples": 1}
     elif template.endswith("/model-parameters"):
         kwargs["json"] = {"model_parameters": 1}
+    elif template.endswith("/activity"):
+        kwargs["json"] = {"phase": "training", "round": 1, "step": 0, "total_steps": 5}
     elif template.endswith("/secagg/{stage}"):
         kwargs["json"] = {"encryption_key": "", "mask_key": "", "seed_commitment": ""}
     before = snapshot(api)

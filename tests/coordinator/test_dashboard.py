@@ -354,15 +354,18 @@ def test_federation_detail_counts_missed_rounds_and_refusals_per_client() -> Non
             participants=[{"client_id": 1, "uploaded": False}, {"client_id": 2, "uploaded": True}],
         )
     ]
+    training = {"phase": "training", "round": 2, "step": 5, "total_steps": 50}
     clients = [
-        {"id": 1, "name": "a", "revoked": False, "last_seen_at": 0.0, "num_samples": 1},
-        {"id": 2, "name": "b", "revoked": False, "last_seen_at": 90.0, "num_samples": 1},
+        {"id": 1, "name": "a", "revoked": False, "last_seen_at": 0.0, "num_samples": 1, "state": "stale"},
+        {"id": 2, "name": "b", "revoked": False, "last_seen_at": 90.0, "num_samples": 1, "state": "training"}
+        | {"activity": training},
     ]
     d = federation_detail(status, rounds, clients, None, {1: 4}, now=100.0)
     assert [(c["id"], c["status"], c["missed"], c["refused"]) for c in d["clients"]] == [
-        (1, "unavailable", 1, 4),
-        (2, "available", 0, 0),
+        (1, "stale", 1, 4),
+        (2, "training", 0, 0),
     ]
+    assert [c["doing"] for c in d["clients"]] == ["no heartbeat yet", "training round 2: step 5 of 50"]
     assert d["participants"] == [{"client_id": 2, "name": "b", "uploaded": True}] and d["uploaded"] == 1
     assert d["deadline_at"] == 500.0 and d["has_asr"] is False
 

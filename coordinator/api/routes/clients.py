@@ -10,6 +10,7 @@ from fedprompt.coordinator.api.jsonbody import BoundedJSONRoute
 from fedprompt.coordinator.api.paths import FEDERATION
 from fedprompt.coordinator.api.problems import API_ERRORS, problem_responses
 from fedprompt.coordinator.api.schemas import (
+    Activity,
     ClientInfo,
     Enrolled,
     EnrollRequest,
@@ -73,6 +74,15 @@ def state_model_parameters(
     after enrolling); the answer is the federation's figure, which the first statement sets."""
     del fid  # the client's federation: require_client checked it
     return {"model_parameters": service.state_model_parameters(client, body.model_parameters)}
+
+
+@router.put("/activity", status_code=204)
+def report_activity(fid: IdPath, body: Activity, client: ClientDep, service: ServiceDep) -> Response:
+    """A worker's heartbeat while it trains (every heartbeat_s of the spec): records the client as
+    seen, with its phase, round and step, so the operator can tell a slow site from a dead one."""
+    del fid  # the client's federation: require_client checked it
+    service.report_activity(client, body.model_dump())
+    return Response(status_code=204)
 
 
 @router.get("/clients", dependencies=[AdminDep], response_model=list[ClientInfo])
