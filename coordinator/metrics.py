@@ -31,11 +31,22 @@ from fedprompt.coordinator.errors import (
     TooLarge,
     Unauthorized,
 )
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import event, inspect
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.routing import Match, Mount
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -46,6 +57,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 log = logging.getLogger("fedprompt.rounds")
 
 UNMATCHED = "<unmatched>"
+# No `_created` series beside every counter and histogram (a timestamp per label set, which
+# Prometheus does not need and which doubles the scrape's series).
+disable_created_metrics()
 ROUND_STATES = ("open", "closed", "failed")
 _ERRORS: tuple[type[ServiceError], ...] = (
     Unauthorized,
@@ -74,10 +88,24 @@ def rejection_reason(status: int) -> str:
 
 
 def route_template(scope: Scope) -> str:
-    """The matched route's path template (bounded label values), or '<unmatched>'."""
+    """The matched route's path template (bounded label values), or '<unmatched>'. FastAPI's own
+    routes put themselves in the scope; Starlette's (the OpenAPI document, mounted static files) do
+    not, so they are matched here against the application's routes."""
     route = scope.get("route")
     path = getattr(route, "path", None)
-    return path if isinstance(path, str) else UNMATCHED
+    if isinstance(path, str):
+        return path
+    app = scope.get("app")
+    for candidate in getattr(app, "routes", ()):
+        try:
+            match, _ = candidate.matches(scope)
+        except Exception:  # a route that cannot read this scope is not the one
+            continue
+        if match is Match.FULL:
+            if isinstance(candidate, Mount):
+                return f"{candidate.path}/{{path}}"
+            return str(getattr(candidate, "path", UNMATCHED))
+    return UNMATCHED
 
 
 @dataclass(frozen=True)
@@ -145,6 +173,22 @@ class DatabaseGauges(Collector):
             "within its availability timeout: dead, hung or cut off.",
             labels=["federation"],
         )
+        sites = GaugeMetricFamily(
+            "fedprompt_sites",
+            "Clients by site state: live, training, stale, gone, revoked (docs/dashboard.md).",
+            labels=["federation", "state"],
+        )
+        current_round = GaugeMetricFamily(
+            "fedprompt_current_round", "The federation's current round number.", labels=["federation"]
+        )
+        latest_version = GaugeMetricFamily(
+            "fedprompt_latest_version", "The federation's latest prompt version.", labels=["federation"]
+        )
+        accuracy = GaugeMetricFamily(
+            "fedprompt_latest_accuracy",
+            "Sample-weighted accuracy of the latest version over the clients that reported it so far.",
+            labels=["federation"],
+        )
         collapsed = GaugeMetricFamily(
             "fedprompt_collapsed_versions",
             "Prompt versions whose clients' evaluations, summed, show a constant predictor "
@@ -161,9 +205,28 @@ class DatabaseGauges(Collector):
                 active.add_metric([str(fid)], c["active"])
                 enrolled.add_metric([str(fid)], c["enrolled"])
                 revoked.add_metric([str(fid)], c["revoked"])
-                stale.add_metric([str(fid)], c.get("stale", 0))
-                collapsed.add_metric([str(fid)], c.get("collapsed", 0))
-        yield from (up, feds, rounds, active, enrolled, revoked, stale, collapsed)
+                stale.add_metric([str(fid)], c["sites"]["stale"])
+                for state, n in c["sites"].items():
+                    sites.add_metric([str(fid), state], n)
+                current_round.add_metric([str(fid)], c["current_round"])
+                latest_version.add_metric([str(fid)], c["latest_version"])
+                if c["accuracy"] is not None:
+                    accuracy.add_metric([str(fid)], float(c["accuracy"]))
+                collapsed.add_metric([str(fid)], c["collapsed"])
+        yield from (
+            up,
+            feds,
+            rounds,
+            active,
+            enrolled,
+            revoked,
+            stale,
+            sites,
+            current_round,
+            latest_version,
+            accuracy,
+            collapsed,
+        )
 
 
 class CoordinatorMetrics:
@@ -172,6 +235,8 @@ class CoordinatorMetrics:
     def __init__(self, counts: Callable[[], dict[str, Any]] | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        for standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):  # process_*, python_*
+            r.register(standard)
         self.rounds = Counter(
             "fedprompt_rounds",
             "Round attempts that reached a state (open, closed, failed), committed by this process.",
@@ -355,12 +420,13 @@ class MetricsMiddleware:
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 finished.append(time.perf_counter())
 
+        asked = {**scope}  # as it came: routing rewrites root_path on the way down
         try:
             await self.app(scope, counting_receive, counting_send)
         finally:
             self.metrics.observe_request(
                 scope.get("method", "GET"),
-                route_template(scope),
+                route_template({**asked, "route": scope.get("route"), "app": scope.get("app")}),
                 seen["status"],
                 (finished[0] if finished else time.perf_counter()) - start,
                 seen["in"],

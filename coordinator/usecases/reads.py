@@ -20,7 +20,7 @@ from fedprompt.coordinator.logic import secagg as secagg_rules
 from fedprompt.coordinator.logic.evaluation import summarize_evaluations
 from fedprompt.coordinator.logic.ledger import ledger
 from fedprompt.coordinator.logic.roundstats import privacy_record
-from fedprompt.coordinator.logic.sites import site_state
+from fedprompt.coordinator.logic.sites import SITE_STATES, site_state
 from fedprompt.coordinator.store import Store
 from fedprompt.shared.spec import STALE_HEARTBEATS, FederationSpec, PrivacySpec, heartbeat_interval
 from sqlalchemy import func, select
@@ -197,12 +197,27 @@ class Reads:
             ]
 
     def gauge_counts(self) -> dict[str, Any]:
-        """Read-only counts for Prometheus gauges: federations and rounds by state, clients per federation."""
+        """Read-only counts for Prometheus gauges: federations and rounds by state; per federation its
+        clients, sites by state (coordinator/logic/sites.py), current round, latest version and that
+        version's accuracy so far, and its collapsed versions."""
         now = self.store.clock()
         with self.store.sessions() as s:
-            feds = s.execute(select(Federation.id, Federation.state, Federation.spec)).all()
+            feds = s.execute(
+                select(
+                    Federation.id,
+                    Federation.state,
+                    Federation.spec,
+                    Federation.current_round,
+                    Federation.latest_version,
+                )
+            ).all()
             rounds = dict(s.execute(select(Round.state, func.count()).group_by(Round.state)).all())
-            clients = s.execute(select(Client.federation_id, Client.revoked_at, Client.last_seen_at)).all()
+            clients = s.execute(
+                select(Client.federation_id, Client.revoked_at, Client.last_seen_at, Client.activity)
+            ).all()
+            open_rounds = dict(
+                s.execute(select(Round.federation_id, Round.number).where(Round.state == "open")).all()
+            )
             collapsed = dict(
                 s.execute(
                     select(Event.federation_id, func.count())
@@ -210,25 +225,55 @@ class Reads:
                     .group_by(Event.federation_id)
                 ).all()
             )
-        timeout = {fid: float((spec or {}).get("availability_timeout_s") or 600.0) for fid, _, spec in feds}
-        per_fed: dict[int, dict[str, int]] = {
-            fid: {"enrolled": 0, "revoked": 0, "active": 0} for fid, _, _ in feds
+            accuracy = dict(
+                s.execute(
+                    select(
+                        Evaluation.federation_id,
+                        func.sum(Evaluation.accuracy * Evaluation.num_samples)
+                        / func.sum(Evaluation.num_samples),
+                    )
+                    .join(Federation, Federation.id == Evaluation.federation_id)
+                    .where(Evaluation.version == Federation.latest_version, Evaluation.num_samples > 0)
+                    .group_by(Evaluation.federation_id)
+                ).all()
+            )
+        timeout = {fid: float((spec or {}).get("availability_timeout_s") or 600.0) for fid, _, spec, *_ in feds}
+        per_fed: dict[int, dict[str, Any]] = {
+            fid: {
+                "enrolled": 0,
+                "revoked": 0,
+                "active": 0,
+                "sites": {state: 0 for state in SITE_STATES},
+                "current_round": current,
+                "latest_version": latest,
+                "accuracy": accuracy.get(fid),
+                "collapsed": collapsed.get(fid, 0),
+            }
+            for fid, _, _, current, latest in feds
         }
-        for fid, revoked_at, last_seen in clients:
-            counts = per_fed.setdefault(fid, {"enrolled": 0, "revoked": 0, "active": 0})
+        for fid, revoked_at, last_seen, activity in clients:
+            counts = per_fed.get(fid)
+            if counts is None:
+                continue
+            limit = timeout[fid]
             counts["enrolled"] += 1
             if revoked_at is not None:
                 counts["revoked"] += 1
-            elif now - last_seen <= timeout.get(fid, 600.0):
+            elif now - last_seen <= limit:
                 counts["active"] += 1
-            limit = timeout.get(fid, 600.0)
-            if revoked_at is None and STALE_HEARTBEATS * heartbeat_interval(limit) < now - last_seen <= limit:
-                counts["stale"] = counts.get("stale", 0) + 1
+            state = site_state(
+                now=now,
+                last_seen_at=last_seen,
+                revoked=revoked_at is not None,
+                activity=activity,
+                open_round=open_rounds.get(fid),
+                stale_after_s=STALE_HEARTBEATS * heartbeat_interval(limit),
+                availability_timeout_s=limit,
+            )
+            counts["sites"][state] += 1
         by_state: dict[str, int] = {}
-        for _, state, _ in feds:
+        for _, state, *_ in feds:
             by_state[state] = by_state.get(state, 0) + 1
-        for fid, n in collapsed.items():
-            per_fed.setdefault(fid, {"enrolled": 0, "revoked": 0, "active": 0})["collapsed"] = n
         return {"federations": by_state, "rounds": rounds, "clients": per_fed}
 
 

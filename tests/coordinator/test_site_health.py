@@ -120,3 +120,31 @@ def test_a_heartbeat_is_checked(served: tuple[TestClient, FakeClock]) -> None:
     assert api.delete(f"{API}/{fid}/clients/{cid}", headers=ADMIN_AUTH).status_code == 204
     assert api.put(f"{API}/{fid}/activity", json={"phase": "idle"}, headers=me).status_code == 403
     assert _states(api, fid) == {"site-0": "revoked"}
+
+
+def test_the_scrape_parses_and_carries_the_federation_gauges(served: tuple[TestClient, FakeClock]) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    api, _ = served
+    fid, (a, b) = enrol_clients(api, SMALL_SPEC, 2)
+    api.put(f"{API}/{fid}/activity", json={"phase": "training", "round": 1, "step": 1}, headers=a)
+    for headers in (a, b):
+        api.post(
+            f"{API}/{fid}/rounds/0/evaluation", json={"num_samples": 10, "accuracy": 0.6}, headers=headers
+        )
+    for path in ("/openapi.json", "/dashboard/static/dashboard.css", "/docs"):
+        assert api.get(path).status_code == 200
+    families = {f.name: f for f in text_string_to_metric_families(api.get("/metrics").text)}
+
+    def value(name: str, **labels: str) -> float:
+        return next(s.value for s in families[name].samples if s.labels == labels)
+
+    assert value("fedprompt_sites", federation=str(fid), state="training") == 1
+    assert value("fedprompt_sites", federation=str(fid), state="live") == 1
+    assert value("fedprompt_current_round", federation=str(fid)) == 1
+    assert value("fedprompt_latest_version", federation=str(fid)) == 0
+    assert value("fedprompt_latest_accuracy", federation=str(fid)) == 0.6
+    assert "process_resident_memory_bytes" in families and "python_info" in families
+    assert not [n for f in families.values() for s in f.samples if (n := s.name).endswith("_created")]
+    routes = {s.labels["route"] for s in families["fedprompt_http_request_duration_seconds"].samples}
+    assert {"/openapi.json", "/dashboard/static/{path}", "/docs"} <= routes and "<unmatched>" not in routes
