@@ -194,6 +194,12 @@ class Coordinator:
     def evaluations(self, fid: int, version: int) -> dict[str, Any] | None:
         return self.reads.evaluations(fid, version)
 
+    def site_evaluations(self, fid: int, version: int) -> dict[str, Any]:
+        return self.reads.site_evaluations(fid, version)
+
+    def site_table(self, fid: int) -> dict[str, Any] | None:
+        return self.reads.site_table(fid)
+
     def events(self, fid: int, *, after: int = 0, limit: int = 200) -> list[dict[str, Any]]:
         return self.reads.events(fid, after=after, limit=limit)
 

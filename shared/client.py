@@ -131,6 +131,11 @@ class CoordinatorClient:
         """Sample-weighted evaluation of a prompt version (None before any report)."""
         return self._call("GET", f"{API}/federations/{fid}/evaluations/{version}").json()
 
+    def site_evaluations(self, fid: int, version: int) -> dict[str, Any]:
+        """Each site's own evaluation of a prompt version and their spread (403 under secure
+        aggregation unless the spec lets sites report their confusion matrices)."""
+        return self._call("GET", f"{API}/federations/{fid}/evaluations/{version}/sites").json()
+
     def pause(self, fid: int) -> dict[str, Any]:
         """Stop auto-advance."""
         return self._call("POST", f"{API}/federations/{fid}/pause").json()

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
-from fedprompt.shared.client import CoordinatorClient
-from fedprompt.sim.results import initial_record, round_records
+from fedprompt.shared.client import ApiError, CoordinatorClient
+from fedprompt.sim.results import attach_sites, initial_record, round_records
 from fedprompt.sim.supervisor import Processes
 from fedprompt.sim.tables import console, has_asr, row_table
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -86,6 +87,21 @@ def follow(
             time.sleep(0.5)
     initial = admin.evaluation(fid, 0)
     records = round_records(admin.rounds(fid), spec)
+    attach_sites(records, site_fetcher(admin, fid))
     for record in records:
         record.update(memory.get(record["round"], {}))
     return records, initial
+
+
+def site_fetcher(admin: Any, fid: int) -> Callable[[int], dict[str, Any] | None]:
+    """A version's per-site evaluation, or None where the coordinator keeps it private (403)."""
+
+    def fetch(version: int) -> dict[str, Any] | None:
+        try:
+            return admin.site_evaluations(fid, version)  # type: ignore[no-any-return]
+        except ApiError as exc:
+            if exc.status == 403:
+                return None
+            raise
+
+    return fetch

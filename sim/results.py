@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import platform
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,9 @@ CSV_FIELDS = [
     "local_accuracy",
     "epsilon",
     "epsilon_cumulative",
+    "site_accuracy_min",
+    "site_accuracy_max",
+    "site_accuracy_std",
 ]
 
 
@@ -136,6 +140,21 @@ def best_of(records: list[dict[str, Any]], initial: dict[str, Any] | None) -> di
         "best_macro_f1": row.get("macro_f1"),
         "best_rule": BEST_RULE,
     }
+
+
+def attach_sites(records: list[dict[str, Any]], fetch: Callable[[int], dict[str, Any] | None]) -> None:
+    """Each record's per-site evaluation (`sites`: every site's accuracy, macro-F1 and examples) and
+    their spread (`site_accuracy_min`, `_max`, `_std`), from `fetch(version)`; a record whose sites
+    cannot be had (secure aggregation keeps them private) gets none."""
+    for record in records:
+        got = fetch(record["round"])
+        if not got or not got.get("sites"):
+            continue
+        record["sites"] = [
+            {k: site.get(k) for k in ("name", "num_samples", "accuracy", "macro_f1")} for site in got["sites"]
+        ]
+        spread = got.get("spread") or {}
+        record |= {f"site_accuracy_{k}": spread.get(k) for k in ("min", "max", "std")}
 
 
 def initial_record(initial: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -34,8 +34,8 @@ from fedprompt.sim.data_options import print_data
 from fedprompt.sim.enrol import enrol_in_order
 from fedprompt.sim.options import Dataset, SimulateOptions, federation_spec, validate
 from fedprompt.sim.outdir import OutError, OutState, check_out, recorded_options, wipe
-from fedprompt.sim.progress import follow
-from fedprompt.sim.results import round_records, run_facts, write_results
+from fedprompt.sim.progress import follow, site_fetcher
+from fedprompt.sim.results import attach_sites, round_records, run_facts, write_results
 from fedprompt.sim.supervisor import Processes, SimulationError, bin_path
 from fedprompt.sim.tables import console, print_summary
 from fedprompt.worker.data.help import (
@@ -343,6 +343,7 @@ def _write_partial(progress: dict[str, Any], run: Run, started: float, what: str
     admin, fid, spec = progress["admin"], progress["fid"], progress["spec"]
     try:
         records = round_records(admin.rounds(fid), spec)
+        attach_sites(records, site_fetcher(admin, fid))
         initial = admin.evaluation(fid, 0)
         extra = {"status": "partial", "interrupted": what, **progress.get("facts", {})}
         write_results(run.out, spec, records, initial, time.monotonic() - started, extra)

@@ -141,6 +141,32 @@ class EvaluationSummary(_Open):
     )
 
 
+class SiteEvaluation(_Open):
+    client_id: int
+    name: str
+    num_samples: int
+    accuracy: float
+    loss: float | None = None
+    macro_f1: float | None = None
+    per_class_accuracy: list[float | None] | None = None
+
+
+class SiteSpread(_Open):
+    sites: int
+    min: float
+    max: float
+    mean: float = Field(..., description="Unweighted mean of the sites' accuracies.")
+    std: float = Field(..., description="Population standard deviation of the sites' accuracies.")
+
+
+class SiteEvaluations(_Open):
+    """Each site's own evaluation of a version: where the shared prompt works and where it does not."""
+
+    version: int
+    sites: list[SiteEvaluation]
+    spread: SiteSpread | None
+
+
 class BestVersion(_Open):
     """The federation's best version by its stated rule."""
 

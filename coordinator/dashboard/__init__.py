@@ -92,6 +92,7 @@ def page_data(
             refused(fid),
             now,
         )
+        detail["sites"] = service.site_table(fid)
     return {
         "federations": [federation_row(s) for s in statuses],
         "selected": fid,

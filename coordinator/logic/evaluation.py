@@ -118,3 +118,35 @@ def best_version(summaries: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
     healthy = [s for s in items if not collapsed(s)] or items
     best = max(healthy, key=lambda s: (s[metric], s["version"]))
     return {"version": best["version"], "metric": metric, "value": best[metric]}
+
+
+def site_results(rows: Iterable[Any], names: dict[int, str]) -> list[dict[str, Any]]:
+    """Each client's own evaluation of a version (rows with client_id, num_samples, accuracy, loss
+    and metrics): accuracy, loss, examples and, where its report carries a confusion matrix, its
+    per-class accuracy and macro-F1. By client id."""
+    out = []
+    for r in sorted(rows, key=lambda r: r.client_id):
+        confusion = evalstats.read_confusion(r.metrics)
+        out.append(
+            {
+                "client_id": r.client_id,
+                "name": names.get(r.client_id, str(r.client_id)),
+                "num_samples": r.num_samples,
+                "accuracy": r.accuracy,
+                "loss": r.loss,
+                "macro_f1": evalstats.macro_f1(confusion) if confusion else None,
+                "per_class_accuracy": evalstats.per_class_accuracy(confusion) if confusion else None,
+            }
+        )
+    return out
+
+
+def spread(sites: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """How far the sites' accuracies lie apart: min, max, the unweighted mean and the population
+    standard deviation over the sites (None without sites)."""
+    values = [float(s["accuracy"]) for s in sites]
+    if not values:
+        return None
+    mean = sum(values) / len(values)
+    std = (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+    return {"sites": len(values), "min": min(values), "max": max(values), "mean": mean, "std": std}

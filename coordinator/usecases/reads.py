@@ -15,9 +15,9 @@ from fedprompt.coordinator.db import (
     SecaggRound,
     Update,
 )
-from fedprompt.coordinator.errors import NotFound
+from fedprompt.coordinator.errors import Forbidden, NotFound
 from fedprompt.coordinator.logic import secagg as secagg_rules
-from fedprompt.coordinator.logic.evaluation import summarize_evaluations
+from fedprompt.coordinator.logic.evaluation import site_results, spread, summarize_evaluations
 from fedprompt.coordinator.logic.ledger import ledger
 from fedprompt.coordinator.logic.roundstats import privacy_record
 from fedprompt.coordinator.logic.sites import SITE_STATES, site_state
@@ -141,6 +141,63 @@ class Reads:
                 raise NotFound(f"round {number} of federation {fid} has not been opened yet")
             return self.round_summary(s, rnd)
 
+    def site_evaluations(self, fid: int, version: int) -> dict[str, Any]:
+        """Each site's own evaluation of a version and their spread. Under secure aggregation a site's
+        figures reveal its label mix, so they are shown only where the spec lets sites report their
+        confusion matrices (secure_aggregation.report_confusion)."""
+        with self.store.sessions() as s:
+            fed = self.store.federation(s, fid)
+            spec = self.store.spec_of(fed)
+            if spec.secure_aggregation is not None and not spec.secure_aggregation.report_confusion:
+                raise Forbidden(
+                    f"federation {fid} uses secure aggregation: per-site results are off, since they reveal "
+                    "each site's label mix (a federation created with secure_aggregation.report_confusion "
+                    "shows them)"
+                )
+            if not 0 <= version <= fed.latest_version:
+                raise NotFound(f"prompt version {version} does not exist; the latest is {fed.latest_version}")
+            rows = s.scalars(
+                select(Evaluation).where(Evaluation.federation_id == fid, Evaluation.version == version)
+            ).all()
+            names = dict(s.execute(select(Client.id, Client.name).where(Client.federation_id == fid)).all())
+        sites = site_results(rows, names)
+        return {"version": version, "sites": sites, "spread": spread(sites)}
+
+    def site_table(self, fid: int, last: int = 6) -> dict[str, Any] | None:
+        """The dashboard's site × version table: each site's accuracy on the last `last` evaluated
+        versions and their spread per version (None where secure aggregation keeps sites private)."""
+        with self.store.sessions() as s:
+            fed = self.store.federation(s, fid)
+            spec = self.store.spec_of(fed)
+            if spec.secure_aggregation is not None and not spec.secure_aggregation.report_confusion:
+                return None
+            versions = sorted(
+                s.scalars(
+                    select(Evaluation.version)
+                    .where(Evaluation.federation_id == fid)
+                    .distinct()
+                    .order_by(Evaluation.version.desc())
+                    .limit(last)
+                ).all()
+            )
+            rows = s.scalars(
+                select(Evaluation).where(Evaluation.federation_id == fid, Evaluation.version.in_(versions))
+            ).all()
+            names = dict(s.execute(select(Client.id, Client.name).where(Client.federation_id == fid)).all())
+        by_version = {v: site_results([r for r in rows if r.version == v], names) for v in versions}
+        clients = sorted({r.client_id for r in rows})
+        table = [
+            {
+                "name": names.get(cid, str(cid)),
+                "accuracy": [
+                    next((x["accuracy"] for x in by_version[v] if x["client_id"] == cid), None)
+                    for v in versions
+                ],
+            }
+            for cid in clients
+        ]
+        return {"versions": versions, "rows": table, "spread": [spread(by_version[v]) for v in versions]}
+
     def evaluations(self, fid: int, version: int) -> dict[str, Any] | None:
         """Sample-weighted evaluation of one prompt version."""
         with self.store.sessions() as s:
@@ -237,7 +294,9 @@ class Reads:
                     .group_by(Evaluation.federation_id)
                 ).all()
             )
-        timeout = {fid: float((spec or {}).get("availability_timeout_s") or 600.0) for fid, _, spec, *_ in feds}
+        timeout = {
+            fid: float((spec or {}).get("availability_timeout_s") or 600.0) for fid, _, spec, *_ in feds
+        }
         per_fed: dict[int, dict[str, Any]] = {
             fid: {
                 "enrolled": 0,

@@ -43,6 +43,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/federations/{fid}/rounds/{number}/close"): ADMIN_ONLY,
     ("GET", "/api/v1/federations/{fid}/rounds/{number}"): ADMIN_ONLY,
     ("GET", "/api/v1/federations/{fid}/evaluations/{version}"): ADMIN_ONLY,
+    ("GET", "/api/v1/federations/{fid}/evaluations/{version}/sites"): ADMIN_ONLY,
     ("GET", "/api/v1/federations/{fid}/task"): CLIENT,
     ("PUT", "/api/v1/federations/{fid}/rounds/{number}/update"): CLIENT,
     ("POST", "/api/v1/federations/{fid}/rounds/{number}/evaluation"): CLIENT,

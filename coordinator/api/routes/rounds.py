@@ -25,6 +25,7 @@ from fedprompt.coordinator.api.schemas import (
     EvaluationSummary,
     IdPath,
     RoundSummary,
+    SiteEvaluations,
     Task,
     UploadReceipt,
 )
@@ -71,6 +72,13 @@ def get_round(fid: IdPath, number: IdPath, service: ServiceDep) -> dict[str, Any
 def get_evaluation(fid: IdPath, version: IdPath, service: ServiceDep) -> dict[str, Any] | None:
     """Sample-weighted evaluation of a prompt version over the clients that reported (null if none)."""
     return service.evaluations(fid, version)
+
+
+@router.get("/evaluations/{version}/sites", dependencies=[AdminDep], response_model=SiteEvaluations)
+def get_site_evaluations(fid: IdPath, version: IdPath, service: ServiceDep) -> dict[str, Any]:
+    """Each site's own evaluation of a prompt version, and how far the sites lie apart (403 under
+    secure aggregation unless its spec lets sites report their confusion matrices)."""
+    return service.site_evaluations(fid, version)
 
 
 @router.get(
