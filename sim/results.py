@@ -46,9 +46,9 @@ CSV_FIELDS = [
     "local_accuracy",
     "epsilon",
     "epsilon_cumulative",
-    "site_accuracy_min",
-    "site_accuracy_max",
-    "site_accuracy_std",
+    "site_min_accuracy",
+    "site_max_accuracy",
+    "site_std_accuracy",
 ]
 
 
@@ -144,7 +144,7 @@ def best_of(records: list[dict[str, Any]], initial: dict[str, Any] | None) -> di
 
 def attach_sites(records: list[dict[str, Any]], fetch: Callable[[int], dict[str, Any] | None]) -> None:
     """Each record's per-site evaluation (`sites`: every site's accuracy, macro-F1 and examples) and
-    their spread (`site_accuracy_min`, `_max`, `_std`), from `fetch(version)`; a record whose sites
+    their spread (`site_min_accuracy`, `site_max_accuracy`, `site_std_accuracy`), from `fetch(version)`; a record whose sites
     cannot be had (secure aggregation keeps them private) gets none."""
     for record in records:
         got = fetch(record["round"])
@@ -154,7 +154,7 @@ def attach_sites(records: list[dict[str, Any]], fetch: Callable[[int], dict[str,
             {k: site.get(k) for k in ("name", "num_samples", "accuracy", "macro_f1")} for site in got["sites"]
         ]
         spread = got.get("spread") or {}
-        record |= {f"site_accuracy_{k}": spread.get(k) for k in ("min", "max", "std")}
+        record |= {f"site_{k}_accuracy": spread.get(k) for k in ("min", "max", "std")}
 
 
 def initial_record(initial: dict[str, Any] | None) -> dict[str, Any] | None:

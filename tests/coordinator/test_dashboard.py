@@ -201,6 +201,7 @@ def test_live_fragment_has_every_region_and_the_chart_series(
         "fed-head",
         "fed-comm",
         "fed-timeline",
+        "fed-sites",
         "fed-clients",
         "chart-data",
     ]

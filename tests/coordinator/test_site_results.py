@@ -75,7 +75,7 @@ def test_simulate_writes_the_sites_into_results_and_rounds_csv(tmp_path: Path) -
     assert records[0]["sites"][1] == {"name": "b", "num_samples": 20, "accuracy": 0.5, "macro_f1": 0.33}
     assert "sites" not in records[1]
     results = write_results(tmp_path, spec, records, None, 1.0, {"labels": None})
-    assert results["rounds"][0]["site_accuracy_min"] == 0.5
+    assert results["rounds"][0]["site_min_accuracy"] == 0.5
     lines = (tmp_path / "rounds.csv").read_text().splitlines()
     header = lines[0].split(",")
-    assert lines[1].split(",")[header.index("site_accuracy_max")] == "0.8"
+    assert lines[1].split(",")[header.index("site_max_accuracy")] == "0.8"
