@@ -63,12 +63,20 @@ def _text(name: str, value: Any) -> str:
     return f"{name.replace('_', '-')} {shown}"
 
 
-def differences(stored: dict[str, Any], current: dict[str, Any], stored_lr: float | None) -> list[str]:
+def differences(
+    stored: dict[str, Any],
+    current: dict[str, Any],
+    stored_lr: float | None,
+    defaults: dict[str, Any] | None = None,
+) -> list[str]:
     """The option names whose values differ. An lr left unset matches the lr the stored run resolved
-    (the same scoring resolves the same default; a different model or scoring shows by itself)."""
+    (the same scoring resolves the same default; a different model or scoring shows by itself). An
+    option newer than the stored run matches it at its default (the run had none: it ran as that)."""
     names = []
     for name in sorted(set(stored) | set(current)):
         old, new = stored.get(name), current.get(name)
+        if name not in stored and defaults and name in defaults and new == defaults[name]:
+            continue
         if name == "lr" and (old is None) != (new is None):
             old = stored_lr if old is None else old
             new = stored_lr if new is None else new
@@ -94,7 +102,8 @@ def check_out(opts: Any, out: Path) -> OutState:
             f"{out} holds a run whose options were not recorded: pass --resume to continue it or --force to "
             "start over"
         )
-    differ = differences(stored, current := recorded_options(opts), setup.get("lr"))
+    defaults = {f.name: f.default for f in dataclasses.fields(opts) if f.default is not dataclasses.MISSING}
+    differ = differences(stored, current := recorded_options(opts), setup.get("lr"), defaults)
     if not differ:
         return OutState.CONTINUE
     resolved = setup.get("lr")

@@ -71,6 +71,15 @@ def test_an_unset_lr_matches_the_lr_the_run_resolved() -> None:
     assert differences(stored, recorded_options(_options(lr=0.3)), stored_lr=0.01) == ["lr"]
 
 
+def test_an_option_newer_than_the_run_matches_it_at_its_default() -> None:
+    stored = recorded_options(_options())
+    del stored["drift_correction"]  # a run made before the option existed
+    defaults = {"drift_correction": "none"}
+    assert differences(stored, recorded_options(_options()), None, defaults) == []
+    changed = recorded_options(_options(drift_correction="scaffold"))
+    assert differences(stored, changed, None, defaults) == ["drift_correction"]
+
+
 def test_a_finished_run_rerun_shows_its_results_and_keeps_its_wall_seconds(tmp_path: Path) -> None:
     opts = _options(dataset="sst2", rounds=1)
     out = _run_folder(tmp_path / "sim", opts)
@@ -328,6 +337,9 @@ class _Admin:
 
     def evaluation(self, fid: int, version: int) -> dict[str, Any]:
         return {"accuracy": 0.5, "clients": 2, "num_samples": 20}
+
+    def site_evaluations(self, fid: int, version: int) -> dict[str, Any]:
+        return {"version": version, "sites": [], "spread": None}
 
 
 class _Procs:
