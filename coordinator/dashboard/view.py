@@ -53,7 +53,9 @@ def client_doing(client: dict[str, Any]) -> str:
     return f"{said['phase']} after round {said.get('round')}" if said.get("phase") else "no heartbeat yet"
 
 
-def timeline(rounds: list[dict[str, Any]], quorum: int, now: float) -> list[dict[str, Any]]:
+def timeline(
+    rounds: list[dict[str, Any]], quorum: int, now: float, names: dict[int, str] | None = None
+) -> list[dict[str, Any]]:
     """Every round attempt, newest first, with duration, uploads vs quorum and bar width."""
     rows = []
     for r in rounds:
@@ -82,7 +84,7 @@ def timeline(rounds: list[dict[str, Any]], quorum: int, now: float) -> list[dict
                 "collapsed": bool(ev.get("collapsed")),
                 "per_class_accuracy": ev.get("per_class_accuracy") or [],
                 "notes": (r.get("stats") or {}).get("notes") or {},
-                "secure": secure_summary(r),
+                "secure": secure_summary(r, names),
             }
         )
     longest = max((row["seconds"] for row in rows), default=0.0)
@@ -92,16 +94,27 @@ def timeline(rounds: list[dict[str, Any]], quorum: int, now: float) -> list[dict
     return rows
 
 
-def secure_summary(r: dict[str, Any]) -> dict[str, Any] | None:
-    """A secure round's line on the timeline: its stage (while it runs) and who dropped where."""
+SECURE_STAGES = ("keys", "shares", "masked", "consistency", "unmask")
+
+
+def secure_summary(r: dict[str, Any], names: dict[int, str] | None = None) -> dict[str, Any] | None:
+    """A secure round's timeline: its running stage and that stage's deadline, how many clients
+    answered each stage so far, and who dropped at which stage, by name."""
     live = r.get("secure_aggregation") or (r.get("stats") or {}).get("secure_aggregation")
     if not live:
         return None
+    names = names or {}
     completed = live.get("completed") or {}
+    running = live.get("stage") if r.get("closed_at") is None else None
     return {
-        "stage": live.get("stage") if r.get("closed_at") is None else None,
+        "stage": running,
+        "deadline_at": live.get("stage_deadline_at") if running else None,
+        "stages": [(stage, len(completed[stage])) for stage in SECURE_STAGES if stage in completed],
         "survivors": len(completed.get("masked") or []) if "masked" in completed else None,
-        "dropped": sorted((live.get("dropped_at") or {}).items(), key=lambda item: int(item[0])),
+        "dropped": [
+            (names.get(int(cid), f"client {cid}"), stage)
+            for cid, stage in sorted((live.get("dropped_at") or {}).items(), key=lambda item: int(item[0]))
+        ],
     }
 
 
@@ -216,7 +229,7 @@ def federation_detail(
         "deadline_at": open_round["deadline_at"] if open_round else None,
         "participants": participants,
         "uploaded": sum(1 for p in participants if p["uploaded"]),
-        "timeline": timeline(rounds, int(spec.get("quorum", 1)), now),
+        "timeline": timeline(rounds, int(spec.get("quorum", 1)), now, names),
         "failures": sum(1 for r in rounds if r["state"] == "failed"),
         "retries": sum(1 for r in rounds if r["attempt"] > 1),
         "series": charts,

@@ -119,7 +119,10 @@ class Reads:
         if row is None:
             return {}
         plan = secagg_rules.Plan.from_json(row.plan)
-        return {"secure_aggregation": secagg_rules.stage_view(plan, row.stage, row.reached)}
+        view = secagg_rules.stage_view(plan, row.stage, row.reached)
+        if rnd.state == "open":  # the running stage's deadline (the round's moves with each stage)
+            view |= {"stage_started_at": row.stage_started_at, "stage_deadline_at": rnd.deadline_at}
+        return {"secure_aggregation": view}
 
     def rounds(self, fid: int) -> list[dict[str, Any]]:
         """The round history, every attempt, oldest first."""

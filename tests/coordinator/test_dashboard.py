@@ -20,6 +20,7 @@ from fedprompt.coordinator.dashboard.view import (
     communication,
     federation_detail,
     pick_federation,
+    secure_summary,
     series,
     timeline,
 )
@@ -393,3 +394,34 @@ def test_pick_federation_prefers_the_asked_then_the_newest_running() -> None:
     assert pick_federation(feds, 99) == 2
     assert pick_federation(feds[2:], None) == 3
     assert pick_federation([], None) is None
+
+
+def test_a_secure_round_shows_each_stage_its_deadline_and_drops_by_name() -> None:
+    live = {
+        "stage": "masked",
+        "completed": {"keys": [1, 2, 3, 4], "shares": [1, 2, 3]},
+        "dropped_at": {"4": "shares"},
+        "stage_deadline_at": 130.0,
+    }
+    running = {"closed_at": None, "secure_aggregation": live}
+    got = secure_summary(running, {1: "oslo", 2: "bergen", 3: "tromsø", 4: "bodø"})
+    assert got == {
+        "stage": "masked",
+        "deadline_at": 130.0,
+        "stages": [("keys", 4), ("shares", 3)],
+        "survivors": None,
+        "dropped": [("bodø", "shares")],
+    }
+    done = {
+        "closed_at": 200.0,
+        "stats": {
+            "secure_aggregation": {
+                "completed": {**live["completed"], "masked": [1, 2], "consistency": [1, 2], "unmask": [1, 2]},
+                "dropped_at": {"3": "masked", "4": "shares"},
+            }
+        },
+    }
+    closed = secure_summary(done, {1: "oslo"})
+    assert closed is not None and closed["stage"] is None and closed["deadline_at"] is None
+    assert closed["stages"][-1] == ("unmask", 2) and closed["survivors"] == 2
+    assert closed["dropped"] == [("client 3", "masked"), ("client 4", "shares")]  # names unknown: ids
