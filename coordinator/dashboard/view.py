@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from fedprompt.coordinator.logic.sites import SITE_STATES
 from fedprompt.shared.spec import FederationSpec
 from pydantic import ValidationError
 
@@ -245,4 +246,11 @@ def federation_detail(
             for c in clients
         ],
         "has_asr": any(v is not None for v in charts["asr"]),
+        "site_summary": site_summary(clients),
     }
+
+
+def site_summary(clients: list[dict[str, Any]]) -> str:
+    """'2 live · 1 training · 1 stale': live and training always, the other states where any."""
+    counts = {state: sum(1 for c in clients if client_status(c) == state) for state in SITE_STATES}
+    return " · ".join(f"{n} {state}" for state, n in counts.items() if n or state in ("live", "training"))

@@ -425,3 +425,11 @@ def test_a_secure_round_shows_each_stage_its_deadline_and_drops_by_name() -> Non
     assert closed is not None and closed["stage"] is None and closed["deadline_at"] is None
     assert closed["stages"][-1] == ("unmask", 2) and closed["survivors"] == 2
     assert closed["dropped"] == [("client 3", "masked"), ("client 4", "shares")]  # names unknown: ids
+
+
+def test_the_site_summary_names_each_state_in_words() -> None:
+    from fedprompt.coordinator.dashboard.view import site_summary
+
+    clients = [{"revoked": False, "state": s} for s in ("live", "live", "stale", "revoked")]
+    assert site_summary(clients) == "2 live · 0 training · 1 stale · 1 revoked"
+    assert site_summary([]) == "0 live · 0 training"

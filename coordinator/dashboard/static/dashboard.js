@@ -118,9 +118,11 @@
 
   function specs(has_asr) {
     var pct = function (u, vals) { return vals.map(function (v) { return v == null ? "" : (100 * v).toFixed(0) + "%"; }); };
-    var bytes = function (u, vals) { return vals.map(function (v) { return v == null ? "" : fmtBytes(v); }); };
+    // whole bytes only: an axis over 0..1 B would otherwise read "0 B, 0 B, 1 B, 1 B"
+    var bytes = function (u, vals) { return vals.map(function (v) { return v == null || !Number.isInteger(v) ? "" : fmtBytes(v); }); };
     var bars = uPlot.paths && uPlot.paths.bars;
     var fromZero = function (u, min, max) { return [0, max > 0 ? max * 1.1 : 1]; };
+    var bytesFromZero = function (u, min, max) { return [0, max > 0 ? max * 1.1 : 1024]; };
     return {
       accuracy: { keys: ["accuracy"], series: [{ label: "accuracy", stroke: palette.blue, width: 2 }], yfmt: pct, range: [0, 1] },
       loss: { keys: ["loss", "train_loss"], range: fromZero, series: [
@@ -128,7 +130,7 @@
         { label: "train loss", stroke: palette.grey, width: 2, dash: [5, 4] }] },
       asr: has_asr ? { keys: ["asr"], series: [{ label: "ASR", stroke: palette.red, width: 2 }], yfmt: pct, range: [0, 1] }
         : { empty: "— no client reported an attack success rate ('asr' in its evaluation metrics)" },
-      bytes: { keys: ["bytes_up", "bytes_down"], yfmt: bytes, ysize: 72, range: fromZero, series: [
+      bytes: { keys: ["bytes_up", "bytes_down"], yfmt: bytes, ysize: 72, range: bytesFromZero, series: [
         { label: "up", stroke: palette.blue, fill: "rgba(37,99,235,.35)", paths: bars && bars({ size: [0.35, 40], align: -1 }), points: { show: false } },
         { label: "down", stroke: palette.green, fill: "rgba(21,128,61,.35)", paths: bars && bars({ size: [0.35, 40], align: 1 }), points: { show: false } }] },
     };
@@ -172,7 +174,11 @@
       var opts = {
         width: Math.max(el.clientWidth, 260),
         height: 200,
-        scales: { x: { time: false, range: function (u, min, max) { return [min - 0.5, max + 0.5]; } },
+        // the versions shown, half a version either side; one version (only the initial prompt
+        // evaluated) is the window [-0.5, 0.5], never uPlot's default 0..100
+        scales: { x: { time: false, range: function (u, min, max) {
+                    if (min == null || max == null || !isFinite(min) || !isFinite(max)) { min = 0; max = 0; }
+                    return [min - 0.5, max + 0.5]; } },
                   y: def.range ? { range: def.range } : {} },
         legend: { live: false },
         series: [{ label: "prompt version" }].concat(def.series.map(function (x) {
