@@ -264,3 +264,63 @@ def test_dashboard_follows_rounds_live_and_closes_a_round(browser: Browser, tmp_
     # The operator's close carries its request's id; an all-uploaded close is made by the last
     # upload's request or, when the sweeper gets there first, by the background sweep (no request).
     assert closed[-1].get("request_id")
+
+
+def test_site_health_the_per_site_table_and_a_first_version_on_the_page(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A site that stops mid-training (its heartbeats stop, as when its worker is killed) is shown
+    stale after three missed heartbeats, a site whose heartbeat says it trains is shown training;
+    the per-site table shows each site's accuracy; with only the initial prompt evaluated the charts
+    keep a one-version window and the bytes axis reads whole bytes."""
+    # 30 s availability timeout: heartbeats every 3 s, stale after 9 s of silence
+    spec = {**SPEC, "name": "site-health", "availability_timeout_s": 30, "rounds": 3}
+    with coordinator_process(f"sqlite:///{tmp_path / 'health.db'}", tmp_path) as (url, _):
+        admin = CoordinatorClient(url, ADMIN)
+        fid = admin.create_federation(spec)["id"]
+        sites = Sites(admin, fid)  # round 1 opens with the three sites
+        sites.evaluate(0)
+        killed, busy, idle = sites.clients
+        killed.activity(fid, {"phase": "training", "round": 1, "step": 10, "total_steps": 100})
+        wait_for(
+            lambda: {c["name"]: c["state"] for c in admin.clients(fid)}["hospital-a"] == "stale",
+            30,
+            "hospital-a shown stale",
+        )
+        busy.activity(fid, {"phase": "training", "round": 1, "step": 40, "total_steps": 100})
+        idle.task(fid)
+        context = browser.new_context(viewport={"width": 1440, "height": 1000})
+        page = context.new_page()
+        problems: list[str] = []
+        page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+        page.goto(f"{url}/dashboard/login")
+        page.fill("#token", ADMIN)
+        page.click("button[type=submit]")
+        expect(page.locator("#fed-head")).to_contain_text("site-health")
+
+        statuses = page.locator("tr[data-client] [title]")
+        expect(page.locator('tr[data-client="1"]')).to_have_attribute("data-client-status", "stale")
+        expect(page.locator('tr[data-client="2"]')).to_have_attribute("data-client-status", "training")
+        expect(page.locator('tr[data-client="3"]')).to_have_attribute("data-client-status", "live")
+        assert statuses.count() >= 3
+        expect(page.locator("[data-site-states]")).to_contain_text("1 live · 1 training · 1 stale")
+        table = page.locator("[data-site-table]")
+        expect(table).to_contain_text("hospital-c")
+        expect(table).to_contain_text("v0")
+
+        page.wait_for_function("document.querySelectorAll('#charts .uplot').length === 4")
+        shot = tmp_path / "dashboard.png"
+        page.screenshot(path=str(shot), full_page=True)
+        artifacts = Path(os.environ.get("FEDPROMPT_TEST_ARTIFACTS") or ROOT / "runs" / "test-artifacts")
+        artifacts.mkdir(parents=True, exist_ok=True)
+        (artifacts / "dashboard-site-health.png").write_bytes(shot.read_bytes())
+        if os.environ.get("FEDPROMPT_UPDATE_DOCS") == "1":
+            (ROOT / "docs" / "dashboard-site-health.png").write_bytes(shot.read_bytes())
+        # one version evaluated: a window of one version around 0, not uPlot's default 0..100; bytes
+        # from 0 to 1 KiB while nothing has been sent (whole-byte ticks only)
+        assert page.locator("#chart-accuracy").get_attribute("data-x") == "-0.5,0.5"
+        assert page.locator("#chart-bytes").get_attribute("data-y") == "0,1024"
+        assert problems == [], problems
+        context.close()
+        sites.close()
+        admin.close()

@@ -136,6 +136,12 @@
     };
   }
 
+  // the axes' ranges as data attributes (the axes themselves are drawn on a canvas)
+  function showScales(el, plot) {
+    el.dataset.x = plot.scales.x.min + "," + plot.scales.x.max;
+    el.dataset.y = plot.scales.y.min + "," + plot.scales.y.max;
+  }
+
   function drawCharts() {
     var data = chartData();
     var section = $("charts");
@@ -169,16 +175,14 @@
         return;
       }
       var rows = [s.version].concat(def.keys.map(function (k) { return s[k]; }));
-      if (prev) { prev.plot.setData(rows); return; }
+      // the versions shown, half a version either side: uPlot would stretch one point to 0..100
+      var xr = [Math.min.apply(null, s.version) - 0.5, Math.max.apply(null, s.version) + 0.5];
+      if (prev) { prev.plot.setData(rows, false); prev.plot.setScale("x", { min: xr[0], max: xr[1] }); return; }
       el.innerHTML = "";
       var opts = {
         width: Math.max(el.clientWidth, 260),
         height: 200,
-        // the versions shown, half a version either side; one version (only the initial prompt
-        // evaluated) is the window [-0.5, 0.5], never uPlot's default 0..100
-        scales: { x: { time: false, range: function (u, min, max) {
-                    if (min == null || max == null || !isFinite(min) || !isFinite(max)) { min = 0; max = 0; }
-                    return [min - 0.5, max + 0.5]; } },
+        scales: { x: { time: false, auto: false, range: function () { return xr; } },
                   y: def.range ? { range: def.range } : {} },
         legend: { live: false },
         series: [{ label: "prompt version" }].concat(def.series.map(function (x) {
@@ -187,7 +191,9 @@
         axes: [{ incrs: [1, 2, 5, 10, 20, 50, 100], values: function (u, vals) { return vals.map(function (v) { return Number.isInteger(v) ? String(v) : ""; }); } },
                def.yfmt ? { values: def.yfmt, size: def.ysize || 60 } : { size: 50 }],
       };
+      opts.hooks = { setScale: [function (u) { showScales(el, u); }] };
       charts[name] = { mode: mode, plot: new uPlot(opts, rows, el) };
+      charts[name].plot.setScale("x", { min: xr[0], max: xr[1] });
     });
   }
 
