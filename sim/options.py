@@ -75,6 +75,7 @@ class SimulateOptions:
     secagg_clip: float | None = None
     precision: str = "auto"
     drift_correction: str = "none"
+    track: str | None = None
     resume: bool = False
     force: bool = False
     data_name: str | None = None
@@ -231,7 +232,20 @@ def validate(opts: SimulateOptions) -> Dataset:
     dataset = resolve_data(opts, opts.out.resolve())
     check_attack_options(opts)
     check_method_options(opts)
+    check_track(opts.track)
     return dataset
+
+
+def check_track(text: str | None) -> None:
+    """A --track value that can be used, with its tracker installed (checked before the run, not
+    after it)."""
+    import importlib.util
+
+    from fedprompt.sim.tracking import parse_track
+
+    track = parse_track(text)
+    if track is not None and importlib.util.find_spec(track[0]) is None:
+        raise ValueError(f"--track {text}: MLflow is not installed; pip install 'fedprompt[tracking]'")
 
 
 def build_spec(

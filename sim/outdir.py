@@ -18,7 +18,18 @@ from typing import Any
 # Options that say how a run is carried out, not what it computes: they may change between two
 # invocations of the same run (a rerun on fewer cores, another device, a baseline added afterwards).
 HOW_NOT_WHAT = frozenset(
-    {"out", "parallel", "processes", "device", "database_url", "baseline", "save_prompt", "resume", "force"}
+    {
+        "out",
+        "parallel",
+        "processes",
+        "device",
+        "database_url",
+        "baseline",
+        "save_prompt",
+        "track",
+        "resume",
+        "force",
+    }
 )
 # What simulate writes in --out (nothing else there is deleted by --force).
 WRITTEN = (

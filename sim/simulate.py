@@ -38,6 +38,7 @@ from fedprompt.sim.progress import follow, site_fetcher
 from fedprompt.sim.results import attach_sites, round_records, run_facts, write_results
 from fedprompt.sim.supervisor import Processes, SimulationError, bin_path
 from fedprompt.sim.tables import console, print_summary
+from fedprompt.sim.tracking import log_run, parse_track, store_uri
 from fedprompt.worker.data.help import (
     DATA_HELP,
     LABEL_COLUMN_HELP,
@@ -220,6 +221,13 @@ def simulate_command(
             "fedprox:mu=0.1) | scaffold (control variates); see docs/label-skew.md."
         ),
     ] = "none",
+    track: Annotated[
+        str | None,
+        typer.Option(
+            help="Log the finished run to an experiment tracker: mlflow (a SQLite store in ./mlruns) or "
+            "mlflow:URI; needs the tracking extra (pip install 'fedprompt[tracking]')."
+        ),
+    ] = None,
     resume: Annotated[
         bool,
         typer.Option(
@@ -400,6 +408,7 @@ def _federate(
         pool = WorkerPool(config=_pool_file(p, url, fid, token, members, run, opts.device), port=free_port())
         procs.start(f"worker pool {p}", pool.argv(), run.out / "logs" / f"pool-{p}.log", run.env, restarts=3)
     records, initial = follow(admin, fid, spec, clients, procs)
+    adapter = admin.export(fid, "best", "peft") if opts.track else None  # while the coordinator is up
     if opts.save_prompt is not None:
         opts.save_prompt.parent.mkdir(parents=True, exist_ok=True)
         opts.save_prompt.write_bytes(admin.prompt(fid, "latest").blob)
@@ -424,7 +433,14 @@ def _federate(
                 "status": "partial",
                 "interrupted": f"the baseline ({extra['baseline']['interrupted']})",
             }
-    return write_results(run.out, spec, records, initial, wall, extra)
+    results = write_results(run.out, spec, records, initial, wall, extra)
+    track = parse_track(opts.track)
+    if track is not None:
+        rid = log_run(track, results, run.out, adapter, name=run.out.name)
+        console.print(
+            f"logged to {track[0]} as run {rid} ({store_uri(track[1], Path.cwd())})", soft_wrap=True
+        )
+    return results
 
 
 def announce(url: str, out: Path, admin_token: str) -> Path:

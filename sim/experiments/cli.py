@@ -33,6 +33,12 @@ def run_command(
     rerun: Annotated[
         bool, typer.Option("--rerun", help="Run cells the committed summary already holds, too.")
     ] = False,
+    track: Annotated[
+        str | None,
+        typer.Option(
+            help="Log each cell it runs to MLflow as its own run (mlflow or mlflow:URI; see simulate)."
+        ),
+    ] = None,
 ) -> None:
     """Run every unfinished cell of an experiment (finished cells are skipped: rerun to resume).
 
@@ -50,10 +56,12 @@ def run_command(
         stale_reason,
         warm_prompts_dir,
     )
+    from fedprompt.sim.options import check_track
 
     try:
         cfg = load_config(config)
-    except ConfigError as exc:
+        check_track(track)
+    except (ConfigError, ValueError) as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
     only = _seed_list(seeds, cfg.seeds)
@@ -80,6 +88,7 @@ def run_command(
         seeds=only,
         committed=committed,
         committed_warm=warm_prompts_dir(figures),
+        track=track,
     )
     failed = [s for s in statuses if s["status"].startswith("failed")]
     done = sum(s["status"] == "done" for s in statuses)

@@ -299,6 +299,7 @@ def run_experiment(
     seeds: Collection[int] | None = None,
     committed: dict[str, dict[str, Any]] | None = None,
     committed_warm: Path | None = None,
+    track: str | None = None,
 ) -> list[dict[str, Any]]:
     """Run every unfinished cell (at most `limit` of them, and only those of `seeds` when given: a
     long grid can be taken whole for one seed first); returns one status record per cell.
@@ -362,7 +363,10 @@ def run_experiment(
         started_cells += 1
         if config.warm_start is not None and "init_prompt" not in options:
             options["init_prompt"] = str(_warm_start(config, cell, out_root, echo, runner, committed_warm))
-        args = [bin_path("fedprompt"), "simulate", *to_args({**options, "out": str(cell_dir)})]
+        # a tracker logs the cell as a run named by its folder (its grid values and seed); it is how
+        # the cell is watched, not what it is, so it stays out of the cell's options
+        extra = {"track": track} if track else {}
+        args = [bin_path("fedprompt"), "simulate", *to_args({**options, **extra, "out": str(cell_dir)})]
         start_sha = start_prompt_sha(options.get("init_prompt"))
         twin = None if cell_dir.exists() else find_twin(out_root, config.name, options, start_sha)
         meta_path = cell_dir / "cell.json"

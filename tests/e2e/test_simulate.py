@@ -62,7 +62,9 @@ def _history(out: Path) -> list[dict]:
 
 def test_simulate_writes_results_that_agree_with_the_coordinator(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    done = subprocess.run(_cmd(out, rounds=2, local_steps=3), capture_output=True, text=True, timeout=600)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cmd = [*_cmd(out, rounds=2, local_steps=3), "--track", f"mlflow:{store}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "results:" in done.stdout
     results = json.loads((out / "results.json").read_text())
@@ -98,6 +100,32 @@ def test_simulate_writes_results_that_agree_with_the_coordinator(tmp_path: Path)
     creds = [json.loads((out / "workers" / str(i) / "credentials.json").read_text()) for i in range(3)]
     ids = [c["client_id"] for c in creds]
     assert ids == sorted(ids) and len(set(ids)) == 3
+    # each site's own accuracy per round, beside the global one
+    assert [len(rec["sites"]) for rec in results["rounds"]] == [3, 3]
+    assert all(
+        rec["site_min_accuracy"] <= rec["accuracy"] <= rec["site_max_accuracy"] for rec in results["rounds"]
+    )
+
+    # the run, read back with MLflow's own client: params, metrics per round, the adapter
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("fedprompt").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["spec.rounds"] == "2"
+    assert run.data.params["dataset"] == "sst2" and run.data.params["clients"] == "3"
+    history_acc = client.get_metric_history(run.info.run_id, "accuracy")
+    logged = sorted((m.step, m.value) for m in history_acc)
+    assert [step for step, _ in logged] == [0, 1, 2]
+    assert [value for _, value in logged] == pytest.approx(
+        [results["initial_accuracy"]] + [r["accuracy"] for r in results["rounds"]]
+    )
+    assert run.data.metrics["best_accuracy"] == pytest.approx(results["best_accuracy"])
+    sites = list(run.data.metrics)
+    assert sum(1 for key in sites if key.startswith("site.client-")) == 3
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"results.json", "rounds.csv", "accuracy.png", "adapter"} <= artifacts
+    adapter = {a.path for a in client.list_artifacts(run.info.run_id, "adapter")}
+    assert {"adapter/adapter_config.json", "adapter/adapter_model.safetensors"} <= adapter
 
 
 def test_sigint_mid_round_leaves_no_process_and_rerun_continues(tmp_path: Path) -> None:
@@ -210,6 +238,7 @@ def test_pool_processes_serve_more_clients_and_a_killed_one_is_restarted(tmp_pat
         (["--fraction", "1.5"], "--fraction must be in (0, 1]"),
         (["--verbalizer", "nope"], "--verbalizer 'nope': give words for at least two labels"),
         (["--dataset", "no-such-set"], "no data set named 'no-such-set'"),
+        (["--track", "wandb"], "the tracker is one of mlflow"),
     ],
 )
 def test_bad_options_fail_before_any_process_starts(tmp_path: Path, option: list[str], message: str) -> None:
