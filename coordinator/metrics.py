@@ -189,6 +189,11 @@ class DatabaseGauges(Collector):
             "Sample-weighted accuracy of the latest version over the clients that reported it so far.",
             labels=["federation"],
         )
+        secagg_dropped = GaugeMetricFamily(
+            "fedprompt_secagg_dropped",
+            "Clients that dropped out of a finished secure round attempt, by the stage they did not complete.",
+            labels=["federation", "stage"],
+        )
         collapsed = GaugeMetricFamily(
             "fedprompt_collapsed_versions",
             "Prompt versions whose clients' evaluations, summed, show a constant predictor "
@@ -213,6 +218,8 @@ class DatabaseGauges(Collector):
                 if c["accuracy"] is not None:
                     accuracy.add_metric([str(fid)], float(c["accuracy"]))
                 collapsed.add_metric([str(fid)], c["collapsed"])
+                for stage, n in sorted(c.get("secagg_dropped", {}).items()):
+                    secagg_dropped.add_metric([str(fid), stage], n)
         yield from (
             up,
             feds,
@@ -225,6 +232,7 @@ class DatabaseGauges(Collector):
             current_round,
             latest_version,
             accuracy,
+            secagg_dropped,
             collapsed,
         )
 

@@ -278,6 +278,9 @@ class Reads:
             open_rounds = dict(
                 s.execute(select(Round.federation_id, Round.number).where(Round.state == "open")).all()
             )
+            secure_stats = s.execute(
+                select(Round.federation_id, Round.stats).where(Round.state.in_(("closed", "failed")))
+            ).all()
             collapsed = dict(
                 s.execute(
                     select(Event.federation_id, func.count())
@@ -333,6 +336,12 @@ class Reads:
                 availability_timeout_s=limit,
             )
             counts["sites"][state] += 1
+        for fid, stats in secure_stats:  # secure rounds: who dropped at which stage
+            dropped = ((stats or {}).get("secure_aggregation") or {}).get("dropped_at") or {}
+            if fid in per_fed and dropped:
+                tally = per_fed[fid].setdefault("secagg_dropped", {})
+                for stage in dropped.values():
+                    tally[stage] = tally.get(stage, 0) + 1
         by_state: dict[str, int] = {}
         for _, state, *_ in feds:
             by_state[state] = by_state.get(state, 0) + 1

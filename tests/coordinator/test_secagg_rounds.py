@@ -169,6 +169,9 @@ def test_dropouts_at_every_stage(sqlite_api) -> None:  # type: ignore[no-untyped
         str(clients[4].client_id): "masked",
         str(clients[7].client_id): "consistency",
     }
+    scrape = api.get("/metrics").text
+    for stage in ("shares", "masked", "consistency"):
+        assert f'fedprompt_secagg_dropped{{federation="{fid}",stage="{stage}"}} 1.0' in scrape
 
 
 def test_fewer_than_t_fails_and_is_retried(sqlite_api) -> None:  # type: ignore[no-untyped-def]
