@@ -1,4 +1,5 @@
-"""Client-drift correction: FedProx's proximal term and SCAFFOLD's control variates. Pure functions.
+"""Client-drift correction: FedProx's proximal term, SCAFFOLD's control variates and the logit-adjusted
+(balanced) local loss. Pure functions.
 
 Under label skew each client's local optimum lies away from the federation's, and local steps pull
 the prompt towards it (client drift). Two corrections act on the local gradient g of a client's loss:
@@ -111,3 +112,22 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any], what: str) -> None:
     for n in a:
         if np.shape(a[n]) != np.shape(b[n]):
             raise DriftError(f"{what}: tensor '{n}' has shapes {np.shape(a[n])} and {np.shape(b[n])}")
+
+
+def label_prior(counts: list[int], smoothing: float = 1.0) -> np.ndarray:
+    """A client's own label distribution from its label counts, add-`smoothing` so that a label it
+    does not hold keeps a small, finite probability."""
+    if not counts or any(c < 0 for c in counts):
+        raise DriftError(f"label counts must be non-negative, one per label; got {counts}")
+    arr = np.asarray(counts, np.float64) + smoothing
+    return arr / arr.sum()
+
+
+def logit_adjustment(prior: np.ndarray, tau: float = 1.0) -> np.ndarray:
+    """τ·log(prior), added to the label scores inside the local loss only (Menon et al., ICLR 2021;
+    FedLC, Zhang et al., ICML 2022): a client that holds mostly one label no longer lowers its loss by
+    calling everything that label, so its update pulls the shared prompt less towards its own mix.
+    Predictions use the scores as they are. The prior never leaves the client."""
+    if tau < 0 or not np.isfinite(tau):
+        raise DriftError(f"tau must be finite and >= 0; got {tau}")
+    return tau * np.log(prior)

@@ -247,8 +247,8 @@ class DriftCorrectionSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: Literal["none", "fedprox", "scaffold"] = Field(
-        ...,
-        description="none: plain local steps (the same as null); fedprox: the proximal term "
+        "none",
+        description="none: plain local steps; fedprox: the proximal term "
         "(mu/2)·‖w − w_t‖² pulls the local prompt towards the round's global prompt; scaffold: each "
         "local gradient is corrected by c − c_i, the server's control variate minus the client's own "
         "(the server's travels with the train task, each client's Δc_i with its update).",
@@ -256,6 +256,14 @@ class DriftCorrectionSpec(BaseModel):
     mu: float | None = Field(
         None, ge=0, le=100, description="fedprox only: the proximal term's weight μ (default 0.01)."
     )
+    balanced_loss: bool = Field(
+        False,
+        description="Logit-adjusted local loss: each client adds τ·log(its own label distribution) to "
+        "the label scores inside its training loss (never to predictions), so a client holding mostly "
+        "one label does not pull the shared prompt towards calling everything that label. Combines "
+        "with none, fedprox or scaffold; the distribution stays on the client.",
+    )
+    tau: float = Field(1.0, ge=0, le=10, description="balanced_loss: the adjustment's weight τ.")
 
     @model_validator(mode="after")
     def _check(self) -> DriftCorrectionSpec:
@@ -263,6 +271,8 @@ class DriftCorrectionSpec(BaseModel):
             raise ValueError(f"mu is FedProx's proximal weight; {self.name} takes no mu")
         if self.name == "fedprox" and self.mu is None:
             self.mu = 0.01
+        if not self.balanced_loss and self.tau != 1.0:  # a stored spec repeats the default
+            raise ValueError("tau is the balanced loss's weight; set balanced_loss: true to use it")
         return self
 
     @property

@@ -121,18 +121,20 @@ def parse_server_optimizer(text: str) -> dict[str, Any] | None:
 
 
 def parse_drift_correction(text: str) -> dict[str, Any] | None:
-    """'fedprox:mu=0.1' → {"name": "fedprox", "mu": 0.1}; 'scaffold'; 'none' → None, validated by the
-    spec's DriftCorrectionSpec."""
+    """'fedprox:mu=0.1' → {"name": "fedprox", "mu": 0.1}; 'scaffold'; 'balanced' (the logit-adjusted
+    loss alone; 'fedprox:balanced_loss=true' with FedProx); 'none' → None, validated by the spec's
+    DriftCorrectionSpec."""
     from fedprompt.shared.spec import DriftCorrectionSpec
     from pydantic import ValidationError
 
     parsed = parse_aggregation(text, "--drift-correction", "fedprox:mu=0.01")
     if parsed["name"] == "none" and not parsed["params"]:
         return None
+    if parsed["name"] == "balanced":  # the balanced loss alone: 'balanced' or 'balanced:tau=0.5'
+        parsed = {"name": "none", "params": {"balanced_loss": True, **parsed["params"]}}
     try:
-        return DriftCorrectionSpec.model_validate({"name": parsed["name"], **parsed["params"]}).model_dump(
-            exclude_none=True
-        )
+        checked = DriftCorrectionSpec.model_validate({"name": parsed["name"], **parsed["params"]})
+        return checked.model_dump(exclude_none=True, exclude_defaults=True) | {"name": checked.name}
     except ValidationError as exc:
         problems = "; ".join(e["msg"] for e in exc.errors())
         raise ValueError(f"--drift-correction {text!r}: {problems}") from None

@@ -331,6 +331,8 @@ class Agent:
             options: dict[str, Any] = {}  # client-drift correction, only when the spec asks for it
             if drift_spec is not None and drift_spec.prox_mu > 0:
                 options["prox_mu"] = drift_spec.prox_mu
+            if drift_spec is not None and drift_spec.balanced_loss and drift_spec.tau > 0:
+                options["balanced_tau"] = drift_spec.tau
             if own_control is not None:
                 options["correction"] = drift.scaffold_correction(self._server_control(version), own_control)
                 options["mean_gradient"] = True

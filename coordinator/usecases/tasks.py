@@ -173,7 +173,7 @@ class Tasks:
                 "seed": spec.seed,
                 **(
                     {"drift_correction": spec.drift_correction.model_dump()}
-                    if spec.drift_correction is not None and spec.drift_correction.name != "none"
+                    if spec.drift_correction is not None
                     else {}
                 ),
             },

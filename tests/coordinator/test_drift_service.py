@@ -50,10 +50,7 @@ def test_a_scaffold_round_over_http(api: TestClient) -> None:
             report = {"num_samples": 10, "accuracy": 0.5}
             api.post(f"{API}/{fid}/rounds/0/evaluation", json=report, headers=headers)
             task = api.get(f"{API}/{fid}/task", headers=headers).json()
-        assert task["kind"] == "train" and task["config"]["drift_correction"] == {
-            "name": "scaffold",
-            "mu": None,
-        }
+        assert task["kind"] == "train" and task["config"]["drift_correction"]["name"] == "scaffold"
         api.get(f"{API}/{fid}/prompts/0", headers=headers)
         control = api.get(f"{API}/{fid}/prompts/0/control", headers=headers)
         assert control.status_code == 200

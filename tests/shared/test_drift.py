@@ -100,3 +100,25 @@ def test_the_spec_takes_fedprox_and_scaffold_and_refuses_what_they_cannot_combin
         with pytest.raises(ValidationError, match=words):
             FederationSpec(drift_correction={"name": "scaffold"}, **clash)
     FederationSpec(drift_correction={"name": "fedprox", "mu": 0.5}, aggregation={"name": "median"})
+
+
+def test_the_balanced_loss_shifts_scores_by_the_log_of_the_clients_own_label_mix() -> None:
+    prior = drift.label_prior([97, 1])  # add-one: (98, 2) / 100
+    np.testing.assert_allclose(prior, [0.98, 0.02])
+    np.testing.assert_allclose(drift.label_prior([0, 0, 2]), [0.2, 0.2, 0.6])
+    shift = drift.logit_adjustment(prior, tau=1.0)
+    np.testing.assert_allclose(shift, [np.log(0.98), np.log(0.02)])
+    np.testing.assert_allclose(drift.logit_adjustment(prior, tau=0.5), 0.5 * shift)
+    # the client's majority label starts almost "free": scores (0, 0) already give it
+    # p = 0.98, so calling everything that label earns it little; the minority label costs more
+    logits = np.zeros(2) + shift
+    p = np.exp(logits) / np.exp(logits).sum()
+    np.testing.assert_allclose(p, prior)
+    with pytest.raises(drift.DriftError, match="non-negative"):
+        drift.label_prior([-1, 3])
+    with pytest.raises(drift.DriftError, match="tau"):
+        drift.logit_adjustment(prior, tau=-1)
+    spec = FederationSpec(drift_correction={"name": "fedprox", "balanced_loss": True, "tau": 0.5})
+    assert spec.drift_correction is not None and spec.drift_correction.balanced_loss
+    with pytest.raises(ValidationError, match="set balanced_loss"):
+        FederationSpec(drift_correction={"name": "none", "tau": 0.5})

@@ -623,3 +623,24 @@ def test_a_scaffold_correction_is_added_to_every_gradient(tokenizer: Any) -> Non
     norm = np.sqrt(sum(float(np.sum(g**2)) for g in result.mean_gradient.values()))
     assert 0 < norm <= 1.0 + 1e-6
     assert "mean_gradient" not in result.to_dict()
+
+
+def test_the_balanced_loss_changes_training_only_on_a_skewed_share(tokenizer: Any) -> None:
+    """τ·log(prior) shifts the scores inside the loss: on a balanced share it is a constant shift
+    (the same softmax, the same prompt); on a one-label share it lowers that label's loss, so the
+    prompt moves less towards calling everything that label."""
+    balanced = EXAMPLES  # four of each label
+    for tau, same in ((0.0, True), (1.0, True)):
+        a, b = make_engine(tokenizer), make_engine(tokenizer)
+        a.train(balanced, steps=3, batch_size=8, lr=0.1)
+        b.train(balanced, steps=3, batch_size=8, lr=0.1, balanced_tau=tau)
+        # equal up to float rounding, which Adam can blow up to ~1e-5 over a few steps
+        assert np.allclose(a.get_prompt()[PROMPT_TENSOR], b.get_prompt()[PROMPT_TENSOR], atol=1e-4) is same
+    skewed = [e for e in EXAMPLES if e.label == 1] + [EXAMPLES[1]]  # four positive, one negative
+    plain, adjusted = make_engine(tokenizer), make_engine(tokenizer)
+    start = plain.get_prompt()[PROMPT_TENSOR]
+    plain.train(skewed, steps=10, batch_size=5, lr=0.1)
+    adjusted.train(skewed, steps=10, batch_size=5, lr=0.1, balanced_tau=1.0)
+    moved = [float(np.linalg.norm(e.get_prompt()[PROMPT_TENSOR] - start)) for e in (plain, adjusted)]
+    assert not np.allclose(plain.get_prompt()[PROMPT_TENSOR], adjusted.get_prompt()[PROMPT_TENSOR])
+    assert all(m > 0 for m in moved)

@@ -252,6 +252,7 @@ class PromptEngine:
         prox_mu: float = 0.0,
         correction: Mapping[str, np.ndarray] | None = None,
         mean_gradient: bool = False,
+        balanced_tau: float = 0.0,
         progress: ProgressFn | None = None,
     ) -> TrainResult:
         """Run `steps` AdamW steps on the method's tensors only (a fresh optimiser per call), seeded batches.
@@ -259,7 +260,9 @@ class PromptEngine:
         Client-drift correction (shared/drift.py): `prox_mu` > 0 adds FedProx's proximal gradient
         μ·(w − w_start), w_start being the prompt as loaded (the round's global prompt); `correction`
         (SCAFFOLD's c − c_i, per communicated tensor) is added to every step's gradient; with
-        `mean_gradient` the result carries the mean clipped loss gradient (SCAFFOLD's new c_i)."""
+        `mean_gradient` the result carries the mean clipped loss gradient (SCAFFOLD's new c_i);
+        `balanced_tau` > 0 adds τ·log(the examples' own label distribution) to the scores inside the
+        loss (the logit-adjusted, balanced loss)."""
         if not examples:
             raise ValueError("cannot train on an empty data set")
         if steps < 0:
@@ -280,6 +283,11 @@ class PromptEngine:
         grad_sum = (
             {n: torch.zeros_like(p, dtype=torch.float64) for n, p in named.items()} if mean_gradient else {}
         )
+        adjust = None
+        if balanced_tau > 0:
+            counts = torch.bincount(labels, minlength=self.verbalizer.num_labels).tolist()
+            shift = drift.logit_adjustment(drift.label_prior(counts), balanced_tau)
+            adjust = torch.as_tensor(shift, dtype=torch.float32, device=self.device)
         batches = cycle_batches(len(examples), batch_size, np.random.default_rng([seed, 0xBA]))
         started = time.perf_counter()
         losses: list[float] = []
@@ -289,7 +297,8 @@ class PromptEngine:
             target = labels[torch.as_tensor(idx)].to(self.device)
             with self._autocast():
                 scores = self.scores(ids, mask, pos)
-            loss = F.cross_entropy(scores.float(), target)  # the loss in float32 under bf16 autocast
+            logits = scores.float() if adjust is None else scores.float() + adjust
+            loss = F.cross_entropy(logits, target)  # the loss in float32 under bf16 autocast
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if grad_clip > 0:
