@@ -158,47 +158,58 @@ class DatabaseGauges(Collector):
         rounds = GaugeMetricFamily(
             "fedprompt_db_rounds", "Round attempts by state (database; all processes).", labels=["state"]
         )
-        active = GaugeMetricFamily(
-            "fedprompt_active_clients",
-            "Clients not revoked that polled within the federation's availability_timeout_s.",
-            labels=["federation"],
-        )
-        enrolled = GaugeMetricFamily(
-            "fedprompt_enrolled_clients", "Clients ever enrolled, revoked included.", labels=["federation"]
-        )
-        revoked = GaugeMetricFamily("fedprompt_revoked_clients", "Revoked clients.", labels=["federation"])
-        stale = GaugeMetricFamily(
-            "fedprompt_stale_clients",
-            "Clients not revoked, silent past the federation's stale_after_s (three heartbeats) but "
-            "within its availability timeout: dead, hung or cut off.",
-            labels=["federation"],
-        )
+        # one value per federation: (name, help, the value from its counts; None leaves it out)
+        per_federation: list[tuple[str, str, Callable[[dict[str, Any]], float | None]]] = [
+            (
+                "fedprompt_active_clients",
+                "Clients not revoked that polled within the federation's availability_timeout_s.",
+                lambda c: c["active"],
+            ),
+            (
+                "fedprompt_enrolled_clients",
+                "Clients ever enrolled, revoked included.",
+                lambda c: c["enrolled"],
+            ),
+            ("fedprompt_revoked_clients", "Revoked clients.", lambda c: c["revoked"]),
+            (
+                "fedprompt_stale_clients",
+                "Clients not revoked, silent past the federation's stale_after_s (three heartbeats) but "
+                "within its availability timeout: dead, hung or cut off.",
+                lambda c: c["sites"]["stale"],
+            ),
+            (
+                "fedprompt_current_round",
+                "The federation's current round number.",
+                lambda c: c["current_round"],
+            ),
+            (
+                "fedprompt_latest_version",
+                "The federation's latest prompt version.",
+                lambda c: c["latest_version"],
+            ),
+            (
+                "fedprompt_latest_accuracy",
+                "Sample-weighted accuracy of the latest version over the clients that reported it so far.",
+                lambda c: c["accuracy"],
+            ),
+            (
+                "fedprompt_collapsed_versions",
+                "Prompt versions whose clients' evaluations, summed, show a constant predictor "
+                "(a 'version_collapsed' event).",
+                lambda c: c["collapsed"],
+            ),
+        ]
+        singles = [GaugeMetricFamily(name, doc, labels=["federation"]) for name, doc, _ in per_federation]
+        # one value per federation and state (site) or stage (secure aggregation's drops)
         sites = GaugeMetricFamily(
             "fedprompt_sites",
             "Clients by site state: live, training, stale, gone, revoked (docs/dashboard.md).",
             labels=["federation", "state"],
         )
-        current_round = GaugeMetricFamily(
-            "fedprompt_current_round", "The federation's current round number.", labels=["federation"]
-        )
-        latest_version = GaugeMetricFamily(
-            "fedprompt_latest_version", "The federation's latest prompt version.", labels=["federation"]
-        )
-        accuracy = GaugeMetricFamily(
-            "fedprompt_latest_accuracy",
-            "Sample-weighted accuracy of the latest version over the clients that reported it so far.",
-            labels=["federation"],
-        )
         secagg_dropped = GaugeMetricFamily(
             "fedprompt_secagg_dropped",
             "Clients that dropped out of a finished secure round attempt, by the stage they did not complete.",
             labels=["federation", "stage"],
-        )
-        collapsed = GaugeMetricFamily(
-            "fedprompt_collapsed_versions",
-            "Prompt versions whose clients' evaluations, summed, show a constant predictor "
-            "(a 'version_collapsed' event).",
-            labels=["federation"],
         )
         if counts is not None:
             up.add_metric([], 1)
@@ -207,34 +218,15 @@ class DatabaseGauges(Collector):
             for state in sorted({*ROUND_STATES, "aggregating", *counts["rounds"]}):
                 rounds.add_metric([state], counts["rounds"].get(state, 0))
             for fid, c in sorted(counts["clients"].items()):
-                active.add_metric([str(fid)], c["active"])
-                enrolled.add_metric([str(fid)], c["enrolled"])
-                revoked.add_metric([str(fid)], c["revoked"])
-                stale.add_metric([str(fid)], c["sites"]["stale"])
+                for family, (_, _, value_of) in zip(singles, per_federation, strict=True):
+                    value = value_of(c)
+                    if value is not None:
+                        family.add_metric([str(fid)], float(value))
                 for state, n in c["sites"].items():
                     sites.add_metric([str(fid), state], n)
-                current_round.add_metric([str(fid)], c["current_round"])
-                latest_version.add_metric([str(fid)], c["latest_version"])
-                if c["accuracy"] is not None:
-                    accuracy.add_metric([str(fid)], float(c["accuracy"]))
-                collapsed.add_metric([str(fid)], c["collapsed"])
                 for stage, n in sorted(c.get("secagg_dropped", {}).items()):
                     secagg_dropped.add_metric([str(fid), stage], n)
-        yield from (
-            up,
-            feds,
-            rounds,
-            active,
-            enrolled,
-            revoked,
-            stale,
-            sites,
-            current_round,
-            latest_version,
-            accuracy,
-            secagg_dropped,
-            collapsed,
-        )
+        yield from (up, feds, rounds, *singles, sites, secagg_dropped)
 
 
 class CoordinatorMetrics:
