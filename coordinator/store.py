@@ -74,6 +74,7 @@ class Store:
         self._versions_lock = threading.Lock()
         self._stamps: dict[int, tuple[float, Stamp]] = {}  # fid -> (monotonic read time, stamp)
         self._stamps_lock = threading.Lock()
+        self._best: dict[int, tuple[tuple[Any, ...], dict[str, Any] | None]] = {}  # fid -> (stamp, best)
 
     # -- transactions and rows ------------------------------------------------------------------
 
@@ -243,16 +244,27 @@ class Store:
 
     def best_version(self, s: Session, fid: int) -> dict[str, Any] | None:
         """The federation's best version by the stated rule (coordinator/logic/evaluation.BEST_RULE)
-        with its summary, or None before any evaluation."""
+        with its summary, or None before any evaluation. Kept per federation until an evaluation is
+        added (reports are never changed or deleted, so their count and newest id say when): the
+        federation's status is read every second by the dashboard and by simulate."""
+        stamp = tuple(
+            s.execute(
+                select(func.count(Evaluation.id), func.max(Evaluation.id)).where(
+                    Evaluation.federation_id == fid
+                )
+            ).one()
+        )
+        held = self._best.get(fid)
+        if held is not None and held[0] == stamp:
+            return held[1]
         summaries = self.evaluation_summaries(s, fid)
         best = best_version(summaries)
-        if best is None:
-            return None
-        return {
-            **best,
-            "rule": BEST_RULE,
-            "evaluation": next(x for x in summaries if x["version"] == best["version"]),
-        }
+        found = None
+        if best is not None:
+            evaluation = next(x for x in summaries if x["version"] == best["version"])
+            found = {**best, "rule": BEST_RULE, "evaluation": evaluation}
+        self._best[fid] = (stamp, found)
+        return found
 
     def prompt_version(self, s: Session, fid: int, version: str | int) -> tuple[Any, PromptVersion]:
         """The federation's row and a prompt version of it, 'latest', 'best' (the best evaluated one:
