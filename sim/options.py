@@ -76,6 +76,7 @@ class SimulateOptions:
     precision: str = "auto"
     drift_correction: str = "none"
     track: str | None = None
+    dashboard_port: int | None = None
     resume: bool = False
     force: bool = False
     data_name: str | None = None

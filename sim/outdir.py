@@ -27,6 +27,7 @@ HOW_NOT_WHAT = frozenset(
         "baseline",
         "save_prompt",
         "track",
+        "dashboard_port",
         "resume",
         "force",
     }

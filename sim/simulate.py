@@ -228,6 +228,14 @@ def simulate_command(
             "mlflow:URI; needs the tracking extra (pip install 'fedprompt[tracking]')."
         ),
     ] = None,
+    dashboard_port: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=65535,
+            help="Serve the coordinator (its dashboard and API) on this loopback port (default: a free one).",
+        ),
+    ] = None,
     resume: Annotated[
         bool,
         typer.Option(
@@ -387,7 +395,7 @@ def _federate(
     """Every step from the coordinator's start to results.json; returns the results. `progress` gets
     the coordinator's client, the federation and its spec as soon as they exist (for partial results)."""
     continuing = run.state_path.exists()
-    url = _start_coordinator(procs, run)
+    url = _start_coordinator(procs, run, opts.dashboard_port)
     announce(url, run.out, run.admin_token)
     admin = CoordinatorClient(url, run.admin_token)
     fid, spec = (
@@ -459,9 +467,10 @@ def announce(url: str, out: Path, admin_token: str) -> Path:
     return token_file
 
 
-def _start_coordinator(procs: Processes, run: Run) -> str:
-    """`fedprompt-coordinator serve` on a free loopback port; its URL once it answers."""
-    port = free_port()
+def _start_coordinator(procs: Processes, run: Run, port: int | None = None) -> str:
+    """`fedprompt-coordinator serve` on a loopback port (a free one unless given); its URL once it
+    answers."""
+    port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     procs.start(
         "coordinator",

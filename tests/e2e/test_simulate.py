@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from fedprompt.coordinator.db import make_engine, make_sessionmaker
 from fedprompt.coordinator.service import Coordinator
+from fedprompt.shared.local import free_port
 
 from tests.helpers import processes_mentioning, wait_for
 
@@ -63,9 +64,13 @@ def _history(out: Path) -> list[dict]:
 def test_simulate_writes_results_that_agree_with_the_coordinator(tmp_path: Path) -> None:
     out = tmp_path / "run"
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cmd = [*_cmd(out, rounds=2, local_steps=3), "--track", f"mlflow:{store}"]
+    port = free_port()
+    cmd = [*_cmd(out, rounds=2, local_steps=3), "--track", f"mlflow:{store}", "--dashboard-port", str(port)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
+    # where to watch it, on the port asked for, and where the admin token is
+    assert f"dashboard http://127.0.0.1:{port}/dashboard" in done.stdout
+    assert f"admin token in {out / 'admin-token'}" in " ".join(done.stdout.split())
     assert "results:" in done.stdout
     results = json.loads((out / "results.json").read_text())
     assert {"spec", "rounds", "final_accuracy", "total_bytes_up", "total_bytes_down", "wall_seconds"} <= set(
