@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from fedprompt.shared.client import CoordinatorClient
 from playwright.sync_api import Browser, Page, expect, sync_playwright
@@ -323,4 +324,84 @@ def test_site_health_the_per_site_table_and_a_first_version_on_the_page(
         assert problems == [], problems
         context.close()
         sites.close()
+        admin.close()
+
+
+def test_a_secure_round_with_a_drop_at_each_stage_on_the_page(browser: Browser, tmp_path: Path) -> None:
+    """Ten sites in a secure round (the real worker stages, driven by hand) with one site dropping
+    after each of keys, shares, masked and consistency: the page names each dropped site and the
+    stage it did not complete, and counts the answers per stage."""
+    from tests.secagg_clients import ScriptedClient
+
+    spec = {
+        **SPEC,
+        "name": "secure-hospitals",
+        "min_clients": 5,
+        "expected_clients": 10,
+        "rounds": 2,
+        "round_deadline_s": 30,
+        # every site a neighbour of every other, so that four drops leave each secret enough shares
+        "secure_aggregation": {
+            "clip": 1.0,
+            "bits": 20,
+            "threshold": 0.5,
+            "stage_deadline_s": 8,
+            "neighbours": 9,
+        },
+    }
+    names = [f"site-{i}" for i in range(10)]
+    with (
+        coordinator_process(f"sqlite:///{tmp_path / 'secure.db'}", tmp_path) as (url, _),
+        httpx.Client(base_url=url, timeout=30) as http,
+    ):
+        admin = CoordinatorClient(url, ADMIN)
+        fid = admin.create_federation(spec)["id"]
+        token = admin.create_enrollment_token(fid, max_uses=10)
+        clients = []
+        for i, name in enumerate(names):
+            got = admin.enroll(fid, token, name=name, num_samples=20, info={})
+            update = np.random.default_rng(i).uniform(-0.4, 0.4, 20 * 384)
+            clients.append(ScriptedClient(http, fid, got["client_id"], got["token"], update, 20, seed=i))
+        for i, stage in ((1, "keys"), (4, "shares"), (7, "masked"), (8, "consistency")):
+            clients[i].stop_after = stage
+        wait_for(lambda: admin.federation(fid)["current_round"] == 1, 30, "round 1")
+
+        def step() -> bool:
+            if admin.federation(fid)["latest_version"] >= 1:
+                return True
+            for c in clients:
+                c.step()
+            return False
+
+        wait_for(step, 120, "round 1 aggregated with four sites dropped")
+        context = browser.new_context(viewport={"width": 1440, "height": 1000})
+        page = context.new_page()
+        problems: list[str] = []
+        page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+        page.goto(f"{url}/dashboard/login")
+        page.fill("#token", ADMIN)
+        page.click("button[type=submit]")
+        expect(page.locator("#fed-head")).to_contain_text("secure-hospitals")
+        assert [r["state"] for r in admin.rounds(fid)][:1] == ["closed"]  # its first attempt
+        row = page.locator('#fed-timeline tr[data-round="1"][data-attempt="1"]')
+        expect(row).to_contain_text("keys 10 → shares 9 → masked 8 → consistency 7 → unmask 6")
+        drops = row.locator("[data-secure-drop]")
+        assert drops.all_inner_texts() == [
+            "site-1 dropped at shares",
+            "site-4 dropped at masked",
+            "site-7 dropped at consistency",
+            "site-8 dropped at unmask",
+        ]
+        shot = tmp_path / "secure.png"
+        page.screenshot(path=str(shot), full_page=True)
+        artifacts = Path(os.environ.get("FEDPROMPT_TEST_ARTIFACTS") or ROOT / "runs" / "test-artifacts")
+        artifacts.mkdir(parents=True, exist_ok=True)
+        (artifacts / "dashboard-secure-round.png").write_bytes(shot.read_bytes())
+        if os.environ.get("FEDPROMPT_UPDATE_DOCS") == "1":
+            (ROOT / "docs" / "dashboard-secure-round.png").write_bytes(shot.read_bytes())
+        scrape = httpx.get(f"{url}/metrics", timeout=10).text
+        for stage in ("shares", "masked", "consistency", "unmask"):
+            assert f'fedprompt_secagg_dropped{{federation="{fid}",stage="{stage}"}} 1.0' in scrape
+        assert problems == [], problems
+        context.close()
         admin.close()
