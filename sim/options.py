@@ -248,7 +248,7 @@ def check_track(text: str | None) -> None:
 
     track = parse_track(text)
     if track is not None and importlib.util.find_spec(track[0]) is None:
-        raise ValueError(f"--track {text}: MLflow is not installed; pip install 'fedprompt[tracking]'")
+        raise ValueError(f"--track {text}: {track[0]} is not installed; pip install 'fedprompt[tracking]'")
 
 
 def build_spec(

@@ -224,8 +224,9 @@ def simulate_command(
     track: Annotated[
         str | None,
         typer.Option(
-            help="Log the finished run to an experiment tracker: mlflow (a SQLite store in ./mlruns) or "
-            "mlflow:URI; needs the tracking extra (pip install 'fedprompt[tracking]')."
+            help="Log the finished run to an experiment tracker: mlflow (a SQLite store in ./mlruns), "
+            "mlflow:URI, tensorboard (./tensorboard/<out name>) or tensorboard:DIR; needs the tracking "
+            "extra (pip install 'fedprompt[tracking]')."
         ),
     ] = None,
     dashboard_port: Annotated[
@@ -444,10 +445,9 @@ def _federate(
     results = write_results(run.out, spec, records, initial, wall, extra)
     track = parse_track(opts.track)
     if track is not None:
-        rid = log_run(track, results, run.out, adapter, name=run.out.name)
-        console.print(
-            f"logged to {track[0]} as run {rid} ({store_uri(track[1], Path.cwd())})", soft_wrap=True
-        )
+        where = log_run(track, results, run.out, adapter, name=run.out.name)
+        told = f"run {where} in {store_uri(track[1], Path.cwd())}" if track[0] == "mlflow" else where
+        console.print(f"logged to {track[0]}: {told}", soft_wrap=True)
     return results
 
 

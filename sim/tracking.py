@@ -1,12 +1,16 @@
-"""Experiment tracking: a finished simulation logged as an MLflow run (`fedprompt simulate --track`).
+"""Experiment tracking: a finished simulation logged to MLflow or TensorBoard (`fedprompt simulate
+--track`).
 
 The run holds the spec and the set-up as params, every round's global and per-site figures as metrics
-(step = the prompt version: 0 is the initial prompt), the final and best figures, and the run's files
-as artifacts: results.json, rounds.csv, the figures, and the best prompt as a PEFT adapter folder.
+(step = the prompt version: 0 is the initial prompt), the final and best figures, and the run's files:
+results.json, rounds.csv, the figures, and the best prompt as a PEFT adapter folder.
 
-MLflow is an optional extra (`pip install 'fedprompt[tracking]'`: mlflow-skinny). Without a URI the
-run goes to a SQLite store in ./mlruns (mlruns/mlflow.db, artifacts beside it): local and offline;
-`mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db` shows it.
+- `mlflow[:URI]`: one MLflow run (the `tracking` extra, mlflow-skinny). Without a URI it goes to a
+  SQLite store in ./mlruns (mlruns/mlflow.db, artifacts beside it): local and offline;
+  `mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db` shows it.
+- `tensorboard[:DIR]`: event files in DIR/<run name> (default ./tensorboard), written with torch's
+  SummaryWriter (the `tracking` extra brings tensorboard); the params as a text summary, the run's
+  files and the adapter copied beside the events. `tensorboard --logdir DIR` shows it.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-TRACKERS = ("mlflow",)
+TRACKERS = ("mlflow", "tensorboard")
 DEFAULT_STORE = Path("mlruns")
+DEFAULT_LOGDIR = Path("tensorboard")
+RUN_FILES = ("results.json", "rounds.csv", "accuracy.png", "asr.png")
 EXPERIMENT = "fedprompt"
 # the round records' numbers logged per round (the ledger's and privacy's included)
 ROUND_METRICS = (
@@ -56,7 +62,8 @@ def parse_track(text: str | None) -> tuple[str, str | None] | None:
     kind, _, uri = text.strip().partition(":")
     if kind not in TRACKERS:
         raise TrackingError(
-            f"--track {text!r}: the tracker is one of {', '.join(TRACKERS)} (e.g. mlflow or mlflow:URI)"
+            f"--track {text!r}: the tracker is one of {', '.join(TRACKERS)} (e.g. mlflow, mlflow:URI, "
+            "tensorboard:DIR)"
         )
     return kind, (uri or None)
 
@@ -119,6 +126,46 @@ def log_run(
     *,
     name: str,
 ) -> str:
+    """Log a finished simulation to the tracker; where it went (an MLflow run id, a log folder)."""
+    if track[0] == "tensorboard":
+        return str(log_tensorboard(Path(track[1] or DEFAULT_LOGDIR) / name, results, out, adapter_zip))
+    return log_mlflow(track, results, out, adapter_zip, name=name)
+
+
+def log_tensorboard(logdir: Path, results: Mapping[str, Any], out: Path, adapter_zip: bytes | None) -> Path:
+    """The run as TensorBoard event files in `logdir`, its files and adapter beside them."""
+    import shutil
+
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise TrackingError(
+            "--track tensorboard needs TensorBoard: pip install 'fedprompt[tracking]'"
+        ) from None
+    from fedprompt.shared.export import unpack
+
+    logdir.mkdir(parents=True, exist_ok=True)
+    with SummaryWriter(log_dir=str(logdir)) as writer:
+        table = "\n".join(f"| {k} | {v} |" for k, v in sorted(params_of(results).items()))
+        writer.add_text("params", "| param | value |\n|---|---|\n" + table, 0)
+        for key, value, step in metrics_of(results):
+            writer.add_scalar(key, value, step)
+    for file in RUN_FILES:
+        if (out / file).exists():
+            shutil.copy2(out / file, logdir / file)
+    if adapter_zip is not None:
+        unpack(adapter_zip, logdir / "adapter")
+    return logdir
+
+
+def log_mlflow(
+    track: tuple[str, str | None],
+    results: Mapping[str, Any],
+    out: Path,
+    adapter_zip: bytes | None,
+    *,
+    name: str,
+) -> str:
     """Log a finished simulation as one MLflow run; its run id."""
     try:
         import mlflow
@@ -141,7 +188,7 @@ def log_run(
         metrics = [Metric(k, v, 0, step) for k, v, step in metrics_of(results)]
         for start in range(0, max(len(params), len(metrics)), 100):  # MLflow's batch limits
             client.log_batch(rid, metrics=metrics[start : start + 100], params=params[start : start + 100])
-        for file in ("results.json", "rounds.csv", "accuracy.png", "asr.png"):
+        for file in RUN_FILES:
             if (out / file).exists():
                 client.log_artifact(rid, str(out / file))
         if adapter_zip is not None:

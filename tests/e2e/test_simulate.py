@@ -243,7 +243,7 @@ def test_pool_processes_serve_more_clients_and_a_killed_one_is_restarted(tmp_pat
         (["--fraction", "1.5"], "--fraction must be in (0, 1]"),
         (["--verbalizer", "nope"], "--verbalizer 'nope': give words for at least two labels"),
         (["--dataset", "no-such-set"], "no data set named 'no-such-set'"),
-        (["--track", "wandb"], "the tracker is one of mlflow"),
+        (["--track", "wandb"], "the tracker is one of mlflow, tensorboard"),
     ],
 )
 def test_bad_options_fail_before_any_process_starts(tmp_path: Path, option: list[str], message: str) -> None:

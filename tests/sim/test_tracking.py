@@ -56,3 +56,22 @@ def test_params_and_metrics_of_a_run() -> None:
     assert not [m for m in got if m[0] == "macro_f1" and m[2] == 2]  # no value: not logged
     assert not [m for m in got if m[0] == "collapsed"]  # booleans are not metrics
     assert ("best_version", 2.0, 2) in got and ("final_accuracy", 0.65, 2) in got
+
+
+def test_a_run_written_for_tensorboard_reads_back(tmp_path: Path) -> None:
+    from fedprompt.sim.tracking import log_run
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    assert parse_track("tensorboard:" + str(tmp_path / "tb")) == ("tensorboard", str(tmp_path / "tb"))
+    where = log_run(("tensorboard", str(tmp_path / "tb")), RESULTS, out, None, name="cell-seed-0")
+    logdir = tmp_path / "tb" / "cell-seed-0"
+    assert where == str(logdir) and (logdir / "results.json").exists()
+    events = EventAccumulator(str(logdir))
+    events.Reload()
+    accuracy = [(e.step, round(e.value, 6)) for e in events.Scalars("accuracy")]
+    assert accuracy == [(0, 0.5), (1, 0.6), (2, 0.65)]
+    assert [e.value for e in events.Scalars("site.site a.accuracy")] == pytest.approx([0.7])
+    assert "params/text_summary" in events.Tags()["tensors"]  # the params table
