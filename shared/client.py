@@ -131,6 +131,10 @@ class CoordinatorClient:
         """Sample-weighted evaluation of a prompt version (None before any report)."""
         return self._call("GET", f"{API}/federations/{fid}/evaluations/{version}").json()
 
+    def events(self, fid: int, *, after: int = 0) -> list[dict[str, Any]]:
+        """The federation's audit trail (events after id `after`)."""
+        return self._call("GET", f"{API}/federations/{fid}/events", params={"after": after}).json()
+
     def site_evaluations(self, fid: int, version: int) -> dict[str, Any]:
         """Each site's own evaluation of a prompt version and their spread (403 under secure
         aggregation unless the spec lets sites report their confusion matrices)."""

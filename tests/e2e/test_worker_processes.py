@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,9 @@ def test_worker_killed_during_training_rejoins_without_duplicate(tmp_path: Path)
     db = f"sqlite:///{tmp_path / 'kill.db'}"
     with coordinator_process(db, tmp_path) as (url, _):
         admin = CoordinatorClient(url, ADMIN)
-        fid = admin.create_federation({**SPEC, "min_clients": 2, "rounds": 1, "local_steps": 40})["id"]
+        # availability timeout 30 s: heartbeats every 3 s while training, stale after 9 s of silence
+        spec = {**SPEC, "min_clients": 2, "rounds": 1, "local_steps": 40, "availability_timeout_s": 30}
+        fid = admin.create_federation(spec)["id"]
         token = admin.create_enrollment_token(fid)
         procs = []
         try:
@@ -77,8 +80,24 @@ def test_worker_killed_during_training_rejoins_without_duplicate(tmp_path: Path)
                 600,
                 "the worker to be training",
             )
+            cid = worker_status(victim_url)["client_id"]
+
+            def state() -> str:
+                return next(c["state"] for c in admin.clients(fid) if c["id"] == cid)
+
+            wait_for(lambda: state() == "training", 30, "the coordinator to show it training")
             victim.send_signal(signal.SIGKILL)
             victim.wait(10)
+            killed = time.monotonic()
+            # shown stale within three missed heartbeats (9 s) and the heartbeat granularity (3 s)
+            wait_for(lambda: state() == "stale", 30, "the killed site to be shown stale")
+            assert time.monotonic() - killed <= 12 + 3  # + the polling of this loop and the sweep
+            events = wait_for(
+                lambda: [e for e in admin.events(fid) if e["kind"] == "client_stale"],
+                30,
+                "a client_stale event",
+            )
+            assert "last heartbeat: training round 1" in events[0]["message"]
             # Restart with the same state directory and no enrolment token: it reuses its credentials.
             again, again_url = start_worker(url, fid, None, 0, 2, tmp_path)
             procs.append(again)
