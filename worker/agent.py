@@ -298,6 +298,9 @@ class Agent:
         self.status.state, self.status.round = "waiting-for-slot", number
         received_at, started = time.time(), time.perf_counter()
         blob_in = self._download(version, task["sha256"])
+        assert self.spec is not None
+        # SCAFFOLD: the server's control variate of the same version, fetched before a slot is taken
+        server_control = self._server_control(version) if self.spec.scaffold else None
         download_s = time.perf_counter() - started
         with (
             self.engine_lock,  # before the slot: a slot is held only by a client that trains
@@ -325,16 +328,15 @@ class Agent:
                     raise Stopped()
 
             log.info("round %s: training %s steps on %s examples", number, steps, len(self.train_data))
-            assert self.spec is not None
             drift_spec = self.spec.drift_correction
-            own_control = self._own_control() if self.spec.scaffold else None
+            own_control = self._own_control() if server_control is not None else None
             options: dict[str, Any] = {}  # client-drift correction, only when the spec asks for it
             if drift_spec is not None and drift_spec.prox_mu > 0:
                 options["prox_mu"] = drift_spec.prox_mu
             if drift_spec is not None and drift_spec.balanced_loss and drift_spec.tau > 0:
                 options["balanced_tau"] = drift_spec.tau
-            if own_control is not None:
-                options["correction"] = drift.scaffold_correction(self._server_control(version), own_control)
+            if server_control is not None and own_control is not None:
+                options["correction"] = drift.scaffold_correction(server_control, own_control)
                 options["mean_gradient"] = True
             result = self.engine.train(
                 self.train_data,
