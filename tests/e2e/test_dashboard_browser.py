@@ -328,8 +328,8 @@ def test_site_health_the_per_site_table_and_a_first_version_on_the_page(
 
 
 def test_a_secure_round_with_a_drop_at_each_stage_on_the_page(browser: Browser, tmp_path: Path) -> None:
-    """Ten sites in a secure round (the real worker stages, driven by hand) with one site dropping
-    after each of keys, shares, masked and consistency: the page names each dropped site and the
+    """Twelve sites in a secure round (the real worker stages, driven by hand) with one site dropping
+    after each of keys, shares, masked and consistency, and one never answering: the page names each dropped site and the
     stage it did not complete, and counts the answers per stage."""
     from tests.secagg_clients import ScriptedClient
 
@@ -337,26 +337,26 @@ def test_a_secure_round_with_a_drop_at_each_stage_on_the_page(browser: Browser, 
         **SPEC,
         "name": "secure-hospitals",
         "min_clients": 5,
-        "expected_clients": 10,
+        "expected_clients": 12,
         "rounds": 2,
         "round_deadline_s": 30,
-        # every site a neighbour of every other, so that four drops leave each secret enough shares
+        # every site a neighbour of every other, so that five drops leave each secret enough shares
         "secure_aggregation": {
             "clip": 1.0,
             "bits": 20,
             "threshold": 0.5,
             "stage_deadline_s": 8,
-            "neighbours": 9,
+            "neighbours": 11,
         },
     }
-    names = [f"site-{i}" for i in range(10)]
+    names = [f"site-{i}" for i in range(12)]
     with (
         coordinator_process(f"sqlite:///{tmp_path / 'secure.db'}", tmp_path) as (url, _),
         httpx.Client(base_url=url, timeout=30) as http,
     ):
         admin = CoordinatorClient(url, ADMIN)
         fid = admin.create_federation(spec)["id"]
-        token = admin.create_enrollment_token(fid, max_uses=10)
+        token = admin.create_enrollment_token(fid, max_uses=12)
         clients = []
         for i, name in enumerate(names):
             got = admin.enroll(fid, token, name=name, num_samples=20, info={})
@@ -364,6 +364,7 @@ def test_a_secure_round_with_a_drop_at_each_stage_on_the_page(browser: Browser, 
             clients.append(ScriptedClient(http, fid, got["client_id"], got["token"], update, 20, seed=i))
         for i, stage in ((1, "keys"), (4, "shares"), (7, "masked"), (8, "consistency")):
             clients[i].stop_after = stage
+        clients[9].holds.add((1, "keys"))  # never answers round 1 at all: dropped at keys
         wait_for(lambda: admin.federation(fid)["current_round"] == 1, 30, "round 1")
 
         def step() -> bool:
@@ -384,13 +385,14 @@ def test_a_secure_round_with_a_drop_at_each_stage_on_the_page(browser: Browser, 
         expect(page.locator("#fed-head")).to_contain_text("secure-hospitals")
         assert [r["state"] for r in admin.rounds(fid)][:1] == ["closed"]  # its first attempt
         row = page.locator('#fed-timeline tr[data-round="1"][data-attempt="1"]')
-        expect(row).to_contain_text("keys 10 → shares 9 → masked 8 → consistency 7 → unmask 6")
+        expect(row).to_contain_text("keys 11 → shares 10 → masked 9 → consistency 8 → unmask 7")
         drops = row.locator("[data-secure-drop]")
         assert drops.all_inner_texts() == [
             "site-1 dropped at shares",
             "site-4 dropped at masked",
             "site-7 dropped at consistency",
             "site-8 dropped at unmask",
+            "site-9 dropped at keys",
         ]
         shot = tmp_path / "secure.png"
         page.screenshot(path=str(shot), full_page=True)
@@ -400,7 +402,7 @@ def test_a_secure_round_with_a_drop_at_each_stage_on_the_page(browser: Browser, 
         if os.environ.get("FEDPROMPT_UPDATE_DOCS") == "1":
             (ROOT / "docs" / "dashboard-secure-round.png").write_bytes(shot.read_bytes())
         scrape = httpx.get(f"{url}/metrics", timeout=10).text
-        for stage in ("shares", "masked", "consistency", "unmask"):
+        for stage in ("keys", "shares", "masked", "consistency", "unmask"):
             assert f'fedprompt_secagg_dropped{{federation="{fid}",stage="{stage}"}} 1.0' in scrape
         assert problems == [], problems
         context.close()
