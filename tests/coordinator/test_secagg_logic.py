@@ -198,11 +198,19 @@ def test_timeline_shows_the_stage_and_who_dropped_where() -> None:
             }
         },
     }
-    rows = timeline([closed, running], quorum=1, now=10.0)
-    assert rows[0]["secure"] == {"stage": "shares", "survivors": None, "dropped": [("4", "keys")]}
+    rows = timeline([closed, running], quorum=1, now=10.0, names={4: "bodø"})
+    assert rows[0]["secure"] == {
+        "stage": "shares",
+        "deadline_at": None,
+        "stages": [("keys", 3)],
+        "survivors": None,
+        "dropped": [("bodø", "keys")],
+    }
     assert rows[1]["secure"] == {
         "stage": None,
+        "deadline_at": None,
+        "stages": [("masked", 3)],
         "survivors": 3,
-        "dropped": [("4", "shares"), ("12", "unmask")],
+        "dropped": [("bodø", "shares"), ("client 12", "unmask")],  # a name where one is known
     }
     assert timeline([{**closed, "stats": {}}], quorum=1, now=10.0)[0]["secure"] is None
