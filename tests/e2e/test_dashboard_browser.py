@@ -127,17 +127,29 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-def save_screenshot(page: Page, tmp_path: Path) -> Path:
+def save_screenshot(page: Page, tmp_path: Path, name: str = "dashboard.png") -> Path:
     """Full-page screenshot into the artifacts folder (and docs/ when FEDPROMPT_UPDATE_DOCS=1)."""
-    shot = tmp_path / "dashboard.png"
+    shot = tmp_path / name
     page.screenshot(path=str(shot), full_page=True)
     png = shot.read_bytes()
     artifacts = Path(os.environ.get("FEDPROMPT_TEST_ARTIFACTS") or ROOT / "runs" / "test-artifacts")
     artifacts.mkdir(parents=True, exist_ok=True)
-    (artifacts / "dashboard.png").write_bytes(png)
+    (artifacts / name).write_bytes(png)
     if os.environ.get("FEDPROMPT_UPDATE_DOCS") == "1":
-        (ROOT / "docs" / "dashboard.png").write_bytes(png)
+        (ROOT / "docs" / name).write_bytes(png)
     return shot
+
+
+def logged_in(browser: Browser, url: str) -> tuple[Any, Page, list[str]]:
+    """A new browser context logged in to the dashboard: (context, page, page errors seen)."""
+    context = browser.new_context(viewport={"width": 1440, "height": 1000})
+    page = context.new_page()
+    problems: list[str] = []
+    page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+    page.goto(f"{url}/dashboard/login")
+    page.fill("#token", ADMIN)
+    page.click("button[type=submit]")
+    return context, page, problems
 
 
 def test_dashboard_follows_rounds_live_and_closes_a_round(browser: Browser, tmp_path: Path) -> None:
@@ -290,13 +302,7 @@ def test_site_health_the_per_site_table_and_a_first_version_on_the_page(
         )
         busy.activity(fid, {"phase": "training", "round": 1, "step": 40, "total_steps": 100})
         idle.task(fid)
-        context = browser.new_context(viewport={"width": 1440, "height": 1000})
-        page = context.new_page()
-        problems: list[str] = []
-        page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-        page.goto(f"{url}/dashboard/login")
-        page.fill("#token", ADMIN)
-        page.click("button[type=submit]")
+        context, page, problems = logged_in(browser, url)
         expect(page.locator("#fed-head")).to_contain_text("site-health")
 
         statuses = page.locator("tr[data-client] [title]")
@@ -310,13 +316,7 @@ def test_site_health_the_per_site_table_and_a_first_version_on_the_page(
         expect(table).to_contain_text("v0")
 
         page.wait_for_function("document.querySelectorAll('#charts .uplot').length === 4")
-        shot = tmp_path / "dashboard.png"
-        page.screenshot(path=str(shot), full_page=True)
-        artifacts = Path(os.environ.get("FEDPROMPT_TEST_ARTIFACTS") or ROOT / "runs" / "test-artifacts")
-        artifacts.mkdir(parents=True, exist_ok=True)
-        (artifacts / "dashboard-site-health.png").write_bytes(shot.read_bytes())
-        if os.environ.get("FEDPROMPT_UPDATE_DOCS") == "1":
-            (ROOT / "docs" / "dashboard-site-health.png").write_bytes(shot.read_bytes())
+        save_screenshot(page, tmp_path, "dashboard-site-health.png")
         # one version evaluated: a window of one version around 0, not uPlot's default 0..100; bytes
         # from 0 to 1 KiB while nothing has been sent (whole-byte ticks only)
         assert page.locator("#chart-accuracy").get_attribute("data-x") == "-0.5,0.5"
@@ -375,13 +375,7 @@ def test_a_secure_round_with_a_drop_at_each_stage_on_the_page(browser: Browser, 
             return False
 
         wait_for(step, 120, "round 1 aggregated with four sites dropped")
-        context = browser.new_context(viewport={"width": 1440, "height": 1000})
-        page = context.new_page()
-        problems: list[str] = []
-        page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-        page.goto(f"{url}/dashboard/login")
-        page.fill("#token", ADMIN)
-        page.click("button[type=submit]")
+        context, page, problems = logged_in(browser, url)
         expect(page.locator("#fed-head")).to_contain_text("secure-hospitals")
         assert [r["state"] for r in admin.rounds(fid)][:1] == ["closed"]  # its first attempt
         row = page.locator('#fed-timeline tr[data-round="1"][data-attempt="1"]')
@@ -394,13 +388,7 @@ def test_a_secure_round_with_a_drop_at_each_stage_on_the_page(browser: Browser, 
             "site-8 dropped at unmask",
             "site-9 dropped at keys",
         ]
-        shot = tmp_path / "secure.png"
-        page.screenshot(path=str(shot), full_page=True)
-        artifacts = Path(os.environ.get("FEDPROMPT_TEST_ARTIFACTS") or ROOT / "runs" / "test-artifacts")
-        artifacts.mkdir(parents=True, exist_ok=True)
-        (artifacts / "dashboard-secure-round.png").write_bytes(shot.read_bytes())
-        if os.environ.get("FEDPROMPT_UPDATE_DOCS") == "1":
-            (ROOT / "docs" / "dashboard-secure-round.png").write_bytes(shot.read_bytes())
+        save_screenshot(page, tmp_path, "dashboard-secure-round.png")
         scrape = httpx.get(f"{url}/metrics", timeout=10).text
         for stage in ("keys", "shares", "masked", "consistency", "unmask"):
             assert f'fedprompt_secagg_dropped{{federation="{fid}",stage="{stage}"}} 1.0' in scrape
