@@ -38,7 +38,7 @@ from fedprompt.sim.progress import follow, site_fetcher
 from fedprompt.sim.results import attach_sites, round_records, run_facts, write_results
 from fedprompt.sim.supervisor import Processes, SimulationError, bin_path
 from fedprompt.sim.tables import console, print_summary
-from fedprompt.sim.tracking import log_run, parse_track, store_uri
+from fedprompt.sim.tracking import log_run, parse_track, shown, store_uri
 from fedprompt.worker.data.help import (
     DATA_HELP,
     LABEL_COLUMN_HELP,
@@ -446,7 +446,7 @@ def _federate(
     track = parse_track(opts.track)
     if track is not None:
         where = log_run(track, results, run.out, adapter, name=run.out.name)
-        told = f"run {where} in {store_uri(track[1], Path.cwd())}" if track[0] == "mlflow" else where
+        told = f"run {where} in {shown(store_uri(track[1], Path.cwd()))}" if track[0] == "mlflow" else where
         console.print(f"logged to {track[0]}: {told}", soft_wrap=True)
     return results
 

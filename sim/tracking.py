@@ -77,6 +77,18 @@ def store_uri(uri: str | None, cwd: Path) -> str:
     return f"sqlite:///{folder / 'mlflow.db'}"
 
 
+def shown(uri: str) -> str:
+    """A tracking URI as it may be printed: without the user and password it may carry."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    if parts.username is None and parts.password is None:
+        return uri
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def params_of(results: Mapping[str, Any]) -> dict[str, str]:
     """The run's params: the spec's scalar fields (nested ones as JSON) and the set-up's."""
     spec = results.get("spec") or {}

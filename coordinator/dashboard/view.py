@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fedprompt.coordinator.logic.sites import SITE_STATES
+from fedprompt.coordinator.logic.sites import count_states
 from fedprompt.shared.spec import FederationSpec
 from pydantic import ValidationError
 
@@ -252,5 +252,5 @@ def federation_detail(
 
 def site_summary(clients: list[dict[str, Any]]) -> str:
     """'2 live · 1 training · 1 stale': live and training always, the other states where any."""
-    counts = {state: sum(1 for c in clients if client_status(c) == state) for state in SITE_STATES}
+    counts = count_states([client_status(c) for c in clients])
     return " · ".join(f"{n} {state}" for state, n in counts.items() if n or state in ("live", "training"))

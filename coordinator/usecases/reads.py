@@ -20,7 +20,7 @@ from fedprompt.coordinator.logic import secagg as secagg_rules
 from fedprompt.coordinator.logic.evaluation import site_results, spread, summarize_evaluations
 from fedprompt.coordinator.logic.ledger import ledger
 from fedprompt.coordinator.logic.roundstats import privacy_record
-from fedprompt.coordinator.logic.sites import SITE_STATES, site_state
+from fedprompt.coordinator.logic.sites import count_states, site_state
 from fedprompt.coordinator.store import Store
 from fedprompt.shared.spec import STALE_HEARTBEATS, FederationSpec, PrivacySpec, heartbeat_interval
 from sqlalchemy import func, select
@@ -278,9 +278,16 @@ class Reads:
             open_rounds = dict(
                 s.execute(select(Round.federation_id, Round.number).where(Round.state == "open")).all()
             )
-            secure_stats = s.execute(
-                select(Round.federation_id, Round.stats).where(Round.state.in_(("closed", "failed")))
-            ).all()
+            secure = [fid for fid, _, spec, *_ in feds if (spec or {}).get("secure_aggregation")]
+            secure_stats = (  # only secure federations' rounds say who dropped where
+                s.execute(
+                    select(Round.federation_id, Round.stats).where(
+                        Round.federation_id.in_(secure), Round.state.in_(("closed", "failed"))
+                    )
+                ).all()
+                if secure
+                else []
+            )
             collapsed = dict(
                 s.execute(
                     select(Event.federation_id, func.count())
@@ -308,7 +315,7 @@ class Reads:
                 "enrolled": 0,
                 "revoked": 0,
                 "active": 0,
-                "sites": {state: 0 for state in SITE_STATES},
+                "sites": count_states([]),
                 "current_round": current,
                 "latest_version": latest,
                 "accuracy": accuracy.get(fid),
@@ -316,6 +323,7 @@ class Reads:
             }
             for fid, _, _, current, latest in feds
         }
+        states: dict[int, list[str]] = {}  # fid -> its clients' site states
         for fid, revoked_at, last_seen, activity in clients:
             counts = per_fed.get(fid)
             if counts is None:
@@ -335,7 +343,9 @@ class Reads:
                 stale_after_s=STALE_HEARTBEATS * heartbeat_interval(limit),
                 availability_timeout_s=limit,
             )
-            counts["sites"][state] += 1
+            states.setdefault(fid, []).append(state)
+        for fid, seen in states.items():
+            per_fed[fid]["sites"] = count_states(seen)
         for fid, stats in secure_stats:  # secure rounds: who dropped at which stage
             dropped = ((stats or {}).get("secure_aggregation") or {}).get("dropped_at") or {}
             if fid in per_fed and dropped:

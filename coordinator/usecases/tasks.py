@@ -36,7 +36,8 @@ class Tasks:
         """A prompt version's blob ('latest' or a number); counts a participant's download."""
         with self.store.sessions() as s:
             _, pv = self.store.prompt_version(s, fid, version)
-        self._count_download(fid, pv.version, client, len(pv.blob))
+            record = self._download_to_record(s, fid, pv.version, client, len(pv.blob))
+        self._record_download(record, len(pv.blob))
         return pv
 
     def get_control(self, fid: int, version: str | int, *, client: Client | None = None) -> bytes:
@@ -66,29 +67,37 @@ class Tasks:
         blob = wire.encode(
             {n: a.astype(np.float32) for n, a in control.items()}, {"version": str(pv.version)}
         )
-        self._count_download(fid, pv.version, client, prompt_bytes + len(blob))
+        with self.store.sessions() as s:
+            record = self._download_to_record(s, fid, pv.version, client, prompt_bytes + len(blob))
+        self._record_download(record, prompt_bytes + len(blob))
         return blob
 
-    def _count_download(self, fid: int, version: int, client: Client | None, size: int) -> None:
-        """Record what a participant of the open round fetched of its base version (prompt, and with
-        SCAFFOLD its control variate), written only when the figure grows."""
+    @staticmethod
+    def _download_to_record(
+        s: Session, fid: int, version: int, client: Client | None, size: int
+    ) -> int | None:
+        """The participant row whose downloaded bytes should grow to `size`: a client selected for the
+        open round fetching its base version (prompt, and with SCAFFOLD its control variate)."""
         if client is None:
-            return
-        with self.store.sessions() as s:  # a read; the download is recorded below only when it changes
-            part = s.execute(
-                select(Participant.id, Participant.downloaded_bytes)
-                .join(Round, Round.id == Participant.round_id)
-                .where(
-                    Round.federation_id == fid,
-                    Round.state == "open",
-                    Round.base_version == version,
-                    Participant.client_id == client.id,
-                )
-            ).first()
-        if part is None or part.downloaded_bytes >= size:
+            return None
+        part = s.execute(
+            select(Participant.id, Participant.downloaded_bytes)
+            .join(Round, Round.id == Participant.round_id)
+            .where(
+                Round.federation_id == fid,
+                Round.state == "open",
+                Round.base_version == version,
+                Participant.client_id == client.id,
+            )
+        ).first()
+        return None if part is None or part.downloaded_bytes >= size else part.id
+
+    def _record_download(self, record: int | None, size: int) -> None:
+        """Write the figure, only when it grows (a read otherwise)."""
+        if record is None:
             return
         with self.store.tx() as s:
-            s.execute(update(Participant).where(Participant.id == part.id).values(downloaded_bytes=size))
+            s.execute(update(Participant).where(Participant.id == record).values(downloaded_bytes=size))
 
     def next_task(self, fid: int, client: Client) -> dict[str, Any] | None:
         """What this client should do now: answer a secure round's keys, shares or unmasking stage

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fedprompt.sim.tracking import TrackingError, metrics_of, params_of, parse_track, store_uri
+from fedprompt.sim.tracking import TrackingError, metrics_of, params_of, parse_track, shown, store_uri
 
 RESULTS = {
     "spec": {"rounds": 2, "lr": 0.01, "aggregation": {"name": "fedavg", "params": {}}, "privacy": None},
@@ -75,3 +75,8 @@ def test_a_run_written_for_tensorboard_reads_back(tmp_path: Path) -> None:
     assert accuracy == [(0, 0.5), (1, 0.6), (2, 0.65)]
     assert [e.value for e in events.Scalars("site.site a.accuracy")] == pytest.approx([0.7])
     assert "params/text_summary" in events.Tags()["tensors"]  # the params table
+
+
+def test_a_tracking_uri_is_printed_without_its_credentials() -> None:
+    assert shown("https://ana:s3cret@mlflow.example:5000/x") == "https://mlflow.example:5000/x"
+    assert shown("sqlite:///mlruns/mlflow.db") == "sqlite:///mlruns/mlflow.db"
