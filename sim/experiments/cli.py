@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -26,6 +26,13 @@ def run_command(
         str | None,
         typer.Option(
             help="Run only the cells of these seeds (comma-separated, e.g. 0): a long grid whole for one seed first."
+        ),
+    ] = None,
+    where: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Run only the cells with these grid values, as key=v1,v2 (repeatable, e.g. "
+            "--where variant=fedavg,balanced --where partition=iid,label:0.1).",
         ),
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the cells and their state only.")] = False,
@@ -53,6 +60,7 @@ def run_command(
         committed_match,
         is_complete,
         run_experiment,
+        selected,
         stale_reason,
         warm_prompts_dir,
     )
@@ -65,9 +73,10 @@ def run_command(
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
     only = _seed_list(seeds, cfg.seeds)
+    chosen = _where(where or [], cfg)
     committed = {} if rerun else committed_cells(figures, cfg.name)
     if dry_run:
-        cells = [c for c in expand(cfg) if only is None or c.seed in only]
+        cells = [c for c in expand(cfg) if (only is None or c.seed in only) and selected(c.params, chosen)]
         console.print(f"{cfg.name}: {len(cells)} cells (seeds {only or cfg.seeds})")
         for cell in cells:
             match = committed_match(committed, cfg, cell, out)
@@ -86,6 +95,7 @@ def run_command(
         echo=console.print,
         limit=limit,
         seeds=only,
+        where=chosen,
         committed=committed,
         committed_warm=warm_prompts_dir(figures),
         track=track,
@@ -109,6 +119,29 @@ def _seed_list(text: str | None, grid: list[int]) -> list[int] | None:
         console.print(f"[red]error:[/] --seeds {text!r}: give comma-separated seeds of the config's {grid}")
         raise typer.Exit(2)
     return seeds
+
+
+def _where(texts: list[str], cfg: Any) -> dict[str, list[str]] | None:
+    """`--where key=v1,v2` as {key: [v1, v2]}; exits with a message naming the grid's keys and values otherwise."""
+    if not texts:
+        return None
+    from fedprompt.sim.experiments.config import expand
+
+    values: dict[str, set[str]] = {}
+    for cell in expand(cfg):
+        for key, value in cell.params.items():
+            values.setdefault(key, set()).add(str(value))
+    chosen: dict[str, list[str]] = {}
+    for text in texts:
+        key, sep, rest = text.partition("=")
+        wanted = [v.strip() for v in rest.split(",") if v.strip()]
+        key = key.strip()
+        if not sep or key not in values or not wanted or not set(wanted) <= values[key]:
+            known = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in values.items())
+            console.print(f"[red]error:[/] --where {text!r}: give key=value[,value] with the grid's values ({known})")
+            raise typer.Exit(2)
+        chosen.setdefault(key, []).extend(wanted)
+    return chosen
 
 
 @app.command("report")

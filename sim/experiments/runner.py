@@ -289,6 +289,11 @@ def _run_process(args: list[str], log: Path) -> int:
         return subprocess.run(args, stdout=fh, stderr=subprocess.STDOUT, env=_env(), check=False).returncode
 
 
+def selected(params: dict[str, Any], where: dict[str, Collection[str]] | None) -> bool:
+    """True when, for every key of `where`, the cell's grid value (as text) is one of its values."""
+    return where is None or all(str(params.get(k)) in {str(v) for v in vals} for k, vals in where.items())
+
+
 def run_experiment(
     config: ExperimentConfig,
     out_root: Path,
@@ -297,12 +302,14 @@ def run_experiment(
     runner: Runner = _run_process,
     limit: int | None = None,
     seeds: Collection[int] | None = None,
+    where: dict[str, Collection[str]] | None = None,
     committed: dict[str, dict[str, Any]] | None = None,
     committed_warm: Path | None = None,
     track: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every unfinished cell (at most `limit` of them, and only those of `seeds` when given: a
-    long grid can be taken whole for one seed first); returns one status record per cell.
+    """Run every unfinished cell (at most `limit` of them, and only those of `seeds` and whose grid
+    values are among `where`'s when given: a long grid can be taken whole for one seed, or for the
+    variants that decide something, first); returns one status record per cell.
 
     `committed`: finished cells of the experiment's committed summary (`committed_cells`); a cell found
     there with the same options and the same starting prompt (for a warm start: the prompt trained
@@ -356,7 +363,11 @@ def run_experiment(
                 f"[{n}/{len(cells)}] {cell.id}: the committed result "
                 + (stale if stale else "ran with other options or prompt")
             )
-        if (limit is not None and started_cells >= limit) or (seeds is not None and cell.seed not in seeds):
+        if (
+            (limit is not None and started_cells >= limit)
+            or (seeds is not None and cell.seed not in seeds)
+            or not selected(cell.params, where)
+        ):
             record["status"] = "pending"
             statuses.append(record)
             continue

@@ -161,6 +161,29 @@ def test_seeds_option_names_the_configs_seeds(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "seeds of the config's [0]" in result.output
 
 
+def test_where_runs_only_the_cells_with_those_grid_values(tmp_path: Path) -> None:
+    config, path = _config(tmp_path)
+    fake = FakeSimulate()
+    statuses = run_experiment(
+        config, tmp_path / "runs", runner=fake, echo=lambda _: None, where={"aggregation": ["fedavg"]}
+    )
+    ran = sorted(Path(a[a.index("--out") + 1]).name for a in fake.calls)
+    assert ran == [
+        "malicious-0_aggregation-fedavg_seed-0",
+        "malicious-1_aggregation-fedavg_seed-0",
+        "malicious-2_aggregation-fedavg_seed-0",
+    ]
+    assert sorted(s["status"] for s in statuses) == ["done"] * 3 + ["pending"] * 2
+
+    from fedprompt.sim.experiments.cli import app
+    from typer.testing import CliRunner
+
+    listed = CliRunner().invoke(app, ["run", str(path), "--where", "malicious=2", "--dry-run"])
+    assert listed.exit_code == 0 and "2 cells" in listed.output
+    bad = CliRunner().invoke(app, ["run", str(path), "--where", "malicious=7", "--dry-run"])
+    assert bad.exit_code == 2 and "--where 'malicious=7'" in bad.output and "malicious: 0, 1, 2" in bad.output
+
+
 def test_a_cell_that_ran_with_other_options_runs_again_and_is_not_reported(tmp_path: Path) -> None:
     config, _ = _config(tmp_path)
     run_experiment(config, tmp_path / "runs", runner=FakeSimulate(), echo=lambda _: None)
