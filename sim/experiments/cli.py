@@ -138,7 +138,9 @@ def _where(texts: list[str], cfg: Any) -> dict[str, list[str]] | None:
         key = key.strip()
         if not sep or key not in values or not wanted or not set(wanted) <= values[key]:
             known = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in values.items())
-            console.print(f"[red]error:[/] --where {text!r}: give key=value[,value] with the grid's values ({known})")
+            console.print(
+                f"[red]error:[/] --where {text!r}: give key=value[,value] with the grid's values ({known})"
+            )
             raise typer.Exit(2)
         chosen.setdefault(key, []).extend(wanted)
     return chosen
