@@ -11,6 +11,7 @@ from typing import Any
 
 from fedprompt.sim.experiments.config import Cell, ConfigError, ExperimentConfig, expand, matches
 from fedprompt.sim.experiments.records import metrics_of
+from fedprompt.sim.experiments.verdicts import NOT_LEARNED, learned, paired, t_interval, verdict
 
 PERCENT = {
     "initial_accuracy",
@@ -145,6 +146,10 @@ def fill(text: str, config: ExperimentConfig, records: list[dict[str, Any]]) -> 
         if not sep:
             raise ConfigError(f"{config.name}: placeholder '{{{{{body}}}}}' needs 'metric @ key=value'")
         what = what.strip()
+        if what.startswith("verdict:"):
+            return _verdict(config, records, what.removeprefix("verdict:").strip(), where)
+        if what == "learned":
+            return _learned_text(config, records, where)
         if what.startswith("series:"):
             return _series(what.removeprefix("series:"), _cell_records(config, records, where))
         if what == "n":
@@ -160,6 +165,91 @@ def fill(text: str, config: ExperimentConfig, records: list[dict[str, Any]]) -> 
         return stat(what, _values(what, _cell_records(config, records, where)), with_n=False)
 
     return PLACEHOLDER.sub(one, text)
+
+
+CLAIM = re.compile(
+    r"^(?P<a>.+?)\s+-\s+(?P<b>.+?)\s*(?P<op>[<>])\s*(?P<threshold>[-−+]?\d+(?:\.\d+)?)\s*$", re.DOTALL
+)
+
+
+def _scale(metric: str) -> float:
+    """A threshold is written in the metric's table units: points for a percentage."""
+    return 100.0 if metric in PERCENT else 1.0
+
+
+def _by_seed(metric: str, done: list[dict[str, Any]]) -> dict[int, float]:
+    out = {}
+    for r in done:
+        value = metrics_of(r).get(metric)
+        if value is not None:
+            out[int(r.get("seed", (r.get("options") or {}).get("seed", 0)))] = value
+    return out
+
+
+def _has_learned(metric: str, done: list[dict[str, Any]]) -> bool | None:
+    """verdicts.learned on a cell's records: the best version's accuracy for a best_* metric, else the
+    final version's with its collapse flags; None when the records have no majority-class rate."""
+    majority = _values("majority_rate", done)
+    if not majority:
+        return None
+    accuracy = "best_accuracy" if metric.startswith("best_") else "final_accuracy"
+    collapsed = [] if metric.startswith("best_") else _values("collapsed", done)
+    return learned(_values(accuracy, done), max(majority), collapsed)
+
+
+def _verdict(config: ExperimentConfig, records: list[dict[str, Any]], metric: str, where: str) -> str:
+    """`{{verdict: METRIC @ A - B > δ}}` (δ in the table's units, points for a percentage): the computed
+    verdict (sim/experiments/verdicts.py) with the paired difference and its 95 % interval."""
+    m = CLAIM.match(where.strip())
+    if m is None:
+        raise ConfigError(f"{config.name}: verdict '{where.strip()}' must read 'A - B > δ' or 'A - B < δ'")
+    threshold = float(m["threshold"].replace("−", "-")) / _scale(metric)
+    cells = [_cell_records(config, records, m[k]) for k in ("a", "b")]
+    diffs = paired(*(_by_seed(metric, done) for done in cells))
+    if not diffs:
+        return "–"
+    not_learned = [
+        name for name, done in zip(("A", "B"), cells, strict=True) if _has_learned(metric, done) is False
+    ]
+    iv = t_interval(diffs)
+    unit = " points" if metric in PERCENT else ""
+
+    def signed(x: float) -> str:
+        return ("+" if x >= 0 else "−") + _number(metric, abs(x))
+
+    spread = f"95 % CI {signed(iv.low)} to {signed(iv.high)}, " if iv.n > 1 else ""
+    figures = f"{signed(iv.mean)}{unit}, {spread}{iv.n} seed{'s' if iv.n > 1 else ''}"
+    if not_learned:
+        side = (
+            "both cells"
+            if len(not_learned) == 2
+            else ("the first cell" if not_learned == ["A"] else "the second")
+        )
+        return f"{NOT_LEARNED} ({side} at its majority class or collapsed; {figures})"
+    return f"{verdict(diffs, m['op'], threshold)} ({figures})"
+
+
+def _learned_text(config: ExperimentConfig, records: list[dict[str, Any]], where: str) -> str:
+    """`{{learned @ cell}}`: learned / not learned by verdicts.learned, with the accuracy's interval
+    and the majority-class rate."""
+    done = _cell_records(config, records, where)
+    accuracy = _values("final_accuracy", done)
+    majority = _values("majority_rate", done)
+    if not accuracy or not majority:
+        return "–"
+    word = "learned" if _has_learned("final_accuracy", done) else NOT_LEARNED
+    iv = t_interval(accuracy)
+    spread = (
+        f", 95 % CI {_number('final_accuracy', iv.low)}–{_number('final_accuracy', iv.high)}"
+        if iv.n > 1
+        else ""
+    )
+    collapsed = sum(c > 0 for c in _values("collapsed", done))
+    fell = f", {collapsed} of {len(done)} collapsed" if collapsed else ""
+    return (
+        f"{word} ({_number('final_accuracy', iv.mean)} %{spread}, majority "
+        f"{_number('majority_rate', max(majority))} %{fell})"
+    )
 
 
 def _cells_text(cells: list[dict[str, Any]]) -> str:

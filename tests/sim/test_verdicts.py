@@ -1,0 +1,104 @@
+"""Computed verdicts: t intervals, the learned rule and the claim verdicts against hand-worked values,
+and their placeholders in an experiment's prose."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fedprompt.sim.experiments.config import ConfigError, load_config
+from fedprompt.sim.experiments.prose import fill
+from fedprompt.sim.experiments.verdicts import learned, paired, t_interval, verdict
+
+
+def test_t_interval_of_three_values_by_hand() -> None:
+    # mean 2, s = 1, t(0.975, 2) = 4.302653, half-width 4.302653 / sqrt(3) = 2.484138
+    iv = t_interval([1.0, 2.0, 3.0])
+    assert iv.n == 3 and iv.mean == 2.0
+    assert math.isclose(iv.low, 2.0 - 2.484138, abs_tol=1e-6)
+    assert math.isclose(iv.high, 2.0 + 2.484138, abs_tol=1e-6)
+    one = t_interval([0.7])
+    assert (one.low, one.mean, one.high, one.n) == (0.7, 0.7, 0.7, 1)
+    with pytest.raises(ValueError):
+        t_interval([])
+
+
+def test_learned_needs_the_interval_above_the_majority_and_no_collapse() -> None:
+    # 0.72 with s = 0.01 over 3 seeds: low = 0.72 − 4.3027·0.01/√3 = 0.6952
+    assert learned([0.71, 0.72, 0.73], 0.69)
+    assert not learned([0.71, 0.72, 0.73], 0.70)  # the interval reaches the majority rate
+    assert not learned([0.71, 0.72, 0.73], 0.50, collapsed=[0.0, 1.0, 0.0])  # one seed collapsed
+    assert learned([0.55], 0.50) and not learned([0.50], 0.50)  # one seed: above it, or not
+    assert not learned([], 0.5)
+
+
+def test_verdicts_of_a_claim_from_paired_differences() -> None:
+    assert paired({0: 0.8, 1: 0.7, 2: 0.9}, {0: 0.7, 2: 0.85, 5: 0.1}) == pytest.approx([0.1, 0.05])
+    # diffs 0.02, 0.03, 0.04: mean 0.03, s 0.01, interval 0.03 ± 0.0248 = [0.0052, 0.0548]
+    assert verdict([0.02, 0.03, 0.04], ">", 0.0) == "holds"
+    assert verdict([0.02, 0.03, 0.04], "<", 0.0) == "does not hold"
+    assert verdict([0.02, 0.03, 0.04], ">", 0.01) == "inconclusive"  # 0.01 is inside the interval
+    assert verdict([0.02, 0.03, 0.04], "<", 0.06) == "holds"
+    assert verdict([0.02, 0.03, 0.04], ">", 0.06) == "does not hold"
+    assert verdict([0.5], ">", 0.0) == "inconclusive"  # one seed decides nothing
+    with pytest.raises(ValueError):
+        verdict([0.1, 0.2], ">=", 0.0)
+
+
+CONFIG = """
+name: skew
+title: "Skew"
+base: {dataset: sst2, clients: 4, rounds: 1}
+grid:
+  arm: [a, b]
+seeds: [0, 1, 2]
+table: {rows: [variant], metrics: [final_accuracy]}
+"""
+
+
+def _record(
+    variant: str, seed: int, accuracy: float, *, majority: float = 0.5, collapsed: float = 0.0
+) -> dict[str, Any]:
+    return {
+        "cell": f"arm-{variant}_seed-{seed}",
+        "seed": seed,
+        "done": True,
+        "options": {},
+        "rounds": [],
+        "metrics": {"final_accuracy": accuracy, "majority_rate": majority, "collapsed": collapsed},
+    }
+
+
+def test_verdict_and_learned_placeholders(tmp_path: Path) -> None:
+    path = tmp_path / "skew.yaml"
+    path.write_text(CONFIG)
+    config = load_config(path)
+    records = [_record("a", s, acc) for s, acc in enumerate([0.72, 0.73, 0.74])]
+    records += [_record("b", s, acc) for s, acc in enumerate([0.70, 0.70, 0.70])]
+    assert (
+        fill("{{verdict: final_accuracy @ arm=a - arm=b > 0}}", config, records)
+        == "holds (+3.0 points, 95 % CI +0.5 to +5.5, 3 seeds)"
+    )
+    assert fill("{{verdict: final_accuracy @ arm=a - arm=b > 3}}", config, records).startswith(
+        "inconclusive (+3.0 points"
+    )
+    assert fill("{{verdict: final_accuracy @ arm=a - arm=b < −1}}", config, records).startswith(
+        "does not hold"
+    )
+    assert (
+        fill("{{learned @ arm=a}}", config, records)
+        == "learned (73.0 %, 95 % CI 70.5–75.5, majority 50.0 %)"
+    )
+
+    collapsed = [
+        r if r["cell"] != "arm-b_seed-1" else _record("b", 1, 0.5, collapsed=1.0) for r in records
+    ]
+    assert fill("{{verdict: final_accuracy @ arm=a - arm=b > 0}}", config, collapsed).startswith(
+        "not learned (the second at its majority class or collapsed"
+    )
+    assert fill("{{learned @ arm=b}}", config, collapsed).startswith("not learned (63.3 %")
+    assert ", 1 of 3 collapsed)" in fill("{{learned @ arm=b}}", config, collapsed)
+    with pytest.raises(ConfigError, match="must read 'A - B > δ'"):
+        fill("{{verdict: final_accuracy @ arm=a - arm=b}}", config, records)
