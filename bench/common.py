@@ -1,10 +1,11 @@
-"""What every benchmark shares: machine description, load, process CPU/RSS readings, result files."""
+"""What every benchmark shares: machine description, load, process CPU/RSS readings, result files, page blocks."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -105,3 +106,9 @@ def spread(values: Sequence[float | None]) -> dict[str, Any]:
         "max": max(present),
         "values": present,
     }
+
+
+def replace_block(text: str, name: str, table: str) -> str:
+    """Put a table between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``."""
+    pattern = re.compile(rf"(<!-- bench:{name} -->\n)(?:.*?\n)?(<!-- /bench:{name} -->)", re.S)
+    return pattern.sub(lambda m: m.group(1) + table + "\n" + m.group(2), text)

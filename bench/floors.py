@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, ROOT
+from bench.common import RESULTS, ROOT, replace_block
 
 MIN_REPEATS = 3
 COMM_FLOOR = 1.05
@@ -336,8 +336,6 @@ def table(floors: Sequence[Floor]) -> str:
 
 def render(text: str, results: Path) -> str:
     """Replace the floors block of a page with the table built from the result files."""
-    from bench.report import replace_block
-
     return replace_block(text, MARKER, table(collect(results)))
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, ROOT
+from bench import floors
+from bench.common import RESULTS, ROOT, replace_block
 
 
 def _f(x: Any, fmt: str = "{:.2f}") -> str:
@@ -300,16 +300,8 @@ TABLES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
 }
 
 
-def replace_block(text: str, name: str, table: str) -> str:
-    """Put a table between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``."""
-    pattern = re.compile(rf"(<!-- bench:{name} -->\n)(?:.*?\n)?(<!-- /bench:{name} -->)", re.S)
-    return pattern.sub(lambda m: m.group(1) + table + "\n" + m.group(2), text)
-
-
 def render(text: str, results: Path) -> str:
     """Replace every marked table whose result file exists, and the floors table."""
-    from bench import floors
-
     for name, (file, fn) in TABLES.items():
         path = results / file
         if path.exists():
