@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from fedprompt.coordinator.api.paths import UPLOAD_ROUTE
 from fedprompt.coordinator.db import Round
 from fedprompt.coordinator.errors import (
     Conflict,
@@ -31,6 +30,7 @@ from fedprompt.coordinator.errors import (
     TooLarge,
     Unauthorized,
 )
+from fedprompt.coordinator.paths import UPLOAD_ROUTE
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     GC_COLLECTOR,

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import anyio
 from fastapi import HTTPException
-from fedprompt.coordinator.api.paths import UPLOAD_PATHS
 from fedprompt.coordinator.inflight import Ticket, UploadGate
+from fedprompt.coordinator.paths import UPLOAD_PATHS
 from fedprompt.coordinator.ratelimit import RateLimited
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 

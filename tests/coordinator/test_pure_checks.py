@@ -7,7 +7,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from fedprompt.coordinator.api.paths import UPLOAD_PATHS, UPLOAD_ROUTE
 from fedprompt.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from fedprompt.coordinator.logic.evaluation import evaluation_due
 from fedprompt.coordinator.logic.roundstats import privacy_record, round_stats
@@ -19,6 +18,7 @@ from fedprompt.coordinator.logic.uploads import (
     check_update,
     weight,
 )
+from fedprompt.coordinator.paths import UPLOAD_PATHS, UPLOAD_ROUTE
 from fedprompt.shared.spec import PrivacySpec
 
 OPEN = SimpleNamespace(id=7, attempt=2, state="open", base_version=3)

@@ -7,7 +7,6 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fedprompt.coordinator.api.deps import AdminDep, ClientDep, EnrolmentDep, ServiceDep, SettingsDep
 from fedprompt.coordinator.api.jsonbody import BoundedJSONRoute
-from fedprompt.coordinator.api.paths import FEDERATION
 from fedprompt.coordinator.api.problems import API_ERRORS, problem_responses
 from fedprompt.coordinator.api.schemas import (
     Activity,
@@ -21,6 +20,7 @@ from fedprompt.coordinator.api.schemas import (
     TokenRequest,
 )
 from fedprompt.coordinator.api.tls import enrolment_certificate
+from fedprompt.coordinator.paths import FEDERATION
 
 router = APIRouter(prefix=FEDERATION, tags=["clients"], responses=API_ERRORS, route_class=BoundedJSONRoute)
 

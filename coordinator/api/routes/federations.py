@@ -9,7 +9,6 @@ from fastapi.responses import JSONResponse
 from fedprompt.coordinator.api.body import SAFETENSORS_BODY, read_limited_body, upload_ticket
 from fedprompt.coordinator.api.deps import AdminDep, EitherDep, ServiceDep, SettingsDep
 from fedprompt.coordinator.api.jsonbody import BoundedJSONRoute
-from fedprompt.coordinator.api.paths import FEDERATIONS, INITIAL_PROMPT
 from fedprompt.coordinator.api.problems import API_ERRORS, problem_responses
 from fedprompt.coordinator.api.schemas import (
     Event,
@@ -20,6 +19,7 @@ from fedprompt.coordinator.api.schemas import (
     VersionPath,
 )
 from fedprompt.coordinator.db import MAX_ID
+from fedprompt.coordinator.paths import FEDERATIONS, INITIAL_PROMPT
 
 router = APIRouter(
     prefix=FEDERATIONS, tags=["federations"], responses=API_ERRORS, route_class=BoundedJSONRoute

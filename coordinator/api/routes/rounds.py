@@ -17,7 +17,6 @@ from fedprompt.coordinator.api.deps import (
     UploadThreadsDep,
 )
 from fedprompt.coordinator.api.jsonbody import BoundedJSONRoute
-from fedprompt.coordinator.api.paths import FEDERATION, UPDATE
 from fedprompt.coordinator.api.problems import API_ERRORS, problem_responses
 from fedprompt.coordinator.api.schemas import (
     EvaluationReport,
@@ -29,6 +28,7 @@ from fedprompt.coordinator.api.schemas import (
     Task,
     UploadReceipt,
 )
+from fedprompt.coordinator.paths import FEDERATION, UPDATE
 
 router = APIRouter(prefix=FEDERATION, tags=["rounds"], responses=API_ERRORS, route_class=BoundedJSONRoute)
 

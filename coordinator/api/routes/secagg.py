@@ -9,9 +9,9 @@ from fastapi import APIRouter, Body
 from fastapi.responses import JSONResponse
 from fedprompt.coordinator.api.deps import ClientDep, ServiceDep
 from fedprompt.coordinator.api.jsonbody import BoundedJSONRoute
-from fedprompt.coordinator.api.paths import FEDERATION
 from fedprompt.coordinator.api.problems import API_ERRORS, problem_responses
 from fedprompt.coordinator.api.schemas import IdPath
+from fedprompt.coordinator.paths import FEDERATION
 from pydantic import BaseModel, ConfigDict, Field
 
 

@@ -1,5 +1,8 @@
 """The API's paths, each spelled once: the routers' prefixes and the upload routes, whose bodies the
-size-limit middleware allows up to FEDPROMPT_MAX_UPLOAD_BYTES and whose answers the metrics count."""
+size-limit middleware allows up to FEDPROMPT_MAX_UPLOAD_BYTES and whose answers the metrics count.
+
+It imports nothing of the coordinator and sits below api/, so that the metrics read the upload
+route without importing the API."""
 
 from __future__ import annotations
 
