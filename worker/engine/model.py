@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from fedprompt.worker.data.pack import sha256_file
 from fedprompt.worker.engine.offline import resolve_model
 from torch import nn
 
@@ -138,14 +139,6 @@ def load_backbone(path: str) -> Backbone:
     return split_masked_lm(model, info.get("missing_keys"))
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _model_file(path: str, filename: str) -> Path | None:
     """A file of a local model folder or of a hub model in the local cache; None when it does not exist."""
     local = Path(path)
@@ -192,7 +185,7 @@ def describe_model(model_name_or_path: str) -> dict[str, Any]:
     for filename in ("config.json", *TOKENIZER_FILES):
         found = _model_file(path, filename)
         if found is not None:
-            hashes[filename] = _sha256_file(found)
+            hashes[filename] = sha256_file(found)
     if "config.json" not in hashes:
         hashes["config.json"] = hashlib.sha256(config.to_json_string(use_diff=False).encode()).hexdigest()
     return describe_config(config, hashes)
