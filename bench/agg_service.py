@@ -28,7 +28,7 @@ def _prepare(path: Path, blobs: list[bytes]) -> tuple[int, int]:
     spec = FederationSpec(
         name="bench", min_clients=k, expected_clients=k, fraction=1.0, rounds=3, auto_advance=False
     )
-    fid = service.create_federation(spec).id
+    fid = service.federations.create_federation(spec).id
     now = time.time()
     with service.sessions() as s, s.begin():
         s.add_all(
@@ -43,7 +43,7 @@ def _prepare(path: Path, blobs: list[bytes]) -> tuple[int, int]:
             )
             for i in range(k)
         )
-    detail = service.open_round(fid)
+    detail = service.cycle.open_round(fid)
     ids = sorted(p["client_id"] for p in detail["participants"])
     with service.sessions() as s, s.begin():
         rid = s.scalar(select(Round.id).where(Round.federation_id == fid))
@@ -72,7 +72,7 @@ def _close(path: Path, fid: int, number: int, *, trace: bool) -> tuple[float, in
     if trace:
         tracemalloc.start()
     t0 = time.perf_counter()
-    service.close_round(fid, number)
+    service.cycle.close_round(fid, number)
     seconds = time.perf_counter() - t0
     peak = tracemalloc.get_traced_memory()[1] if trace else 0
     if trace:

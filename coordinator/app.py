@@ -41,7 +41,7 @@ async def _sweeper(service: Coordinator, interval: float) -> None:
     """Enforce deadlines and open due rounds; every process runs one, the DB lock makes it safe."""
     while True:
         try:
-            await run_in_threadpool(service.sweep)
+            await run_in_threadpool(service.cycle.sweep)
         except Exception:  # keep sweeping: a transient DB error must not stop deadlines
             log.exception("sweep failed")
         await asyncio.sleep(interval)
@@ -60,7 +60,7 @@ def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
         default_round_deadline_s=settings.default_round_deadline_s,
         max_prompt_bytes=settings.max_upload_bytes,
     )
-    metrics = CoordinatorMetrics(service.gauge_counts)
+    metrics = CoordinatorMetrics(service.reads.gauge_counts)
 
     def on_round_transition(transition: RoundTransition) -> None:
         metrics.round_transition(transition)

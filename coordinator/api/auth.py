@@ -84,7 +84,7 @@ def authorize(
         if scope is Scope.ADMIN_OR_CLIENT and is_admin_token(token, settings):
             return None
         assert service is not None and fid is not None
-        client = service.authenticate_client(fid, token)
+        client = service.enrolment.authenticate_client(fid, token)
     check_client_certificate(request, client, settings)
     request.state.client_id = client.id  # for the access log and per-client refusal counts
     return client
@@ -97,7 +97,7 @@ async def authorize_client(
     service's authentication cache), else in a thread. An entry that expires between the two checks
     costs one lookup on the loop."""
     token = bearer_token(request)
-    if service.cached_client(token) is not None or (
+    if service.enrolment.cached_client(token) is not None or (
         scope is Scope.ADMIN_OR_CLIENT and is_admin_token(token, settings)
     ):
         return authorize(request, scope, settings, service, fid)

@@ -3,7 +3,7 @@ polls waiting on it.
 
 A waiting poll used to wake every FEDPROMPT_LONG_POLL_INTERVAL_S to look at the stamp; with a
 thousand clients waiting that is thousands of wake-ups a second on the event loop. Here, while any
-poll waits on a federation, a single task reads its stamp (`Coordinator.federation_stamp`, shared
+poll waits on a federation, a single task reads its stamp (`Store.federation_stamp`, shared
 with the other requests of this process) every interval and wakes the waiting polls only when it
 changed; a poll otherwise sleeps until its deadline.
 """
@@ -20,7 +20,7 @@ from fastapi.concurrency import run_in_threadpool
 from fedprompt.coordinator.api.perloop import PerLoop
 from fedprompt.coordinator.db import Client
 from fedprompt.coordinator.service import Coordinator
-from fedprompt.coordinator.store import Stamp
+from fedprompt.coordinator.store import Stamp, Store
 
 log = logging.getLogger("fedprompt.coordinator")
 
@@ -28,8 +28,8 @@ log = logging.getLogger("fedprompt.coordinator")
 class StampWatch:
     """Change stamps of the federations that long-polls wait on (one event loop's)."""
 
-    def __init__(self, service: Coordinator, interval: float) -> None:
-        self.service, self.interval = service, interval
+    def __init__(self, store: Store, interval: float) -> None:
+        self.store, self.interval = store, interval
         self._stamps: dict[int, Stamp] = {}  # the last stamp each running reader saw
         self._changed: dict[int, asyncio.Event] = {}  # set (and replaced) when a stamp changes
         self._waiting: Counter[int] = Counter()
@@ -39,7 +39,7 @@ class StampWatch:
         """The federation's current stamp: the reader's if one runs, else read now."""
         if fid in self._readers and fid in self._stamps:
             return self._stamps[fid]
-        return await run_in_threadpool(self.service.federation_stamp, fid, self.interval)
+        return await run_in_threadpool(self.store.federation_stamp, fid, self.interval)
 
     async def wait_change(self, fid: int, seen: Stamp, timeout: float) -> None:
         """Return once the federation's stamp is no longer `seen`, or after `timeout` seconds."""
@@ -63,7 +63,7 @@ class StampWatch:
             while self._waiting[fid] > 0:
                 await asyncio.sleep(self.interval)
                 try:
-                    stamp = await run_in_threadpool(self.service.federation_stamp, fid, self.interval)
+                    stamp = await run_in_threadpool(self.store.federation_stamp, fid, self.interval)
                 except Exception:  # a transient database error: the polls wait on, as they would
                     log.exception("reading the change stamp of federation %s failed", fid)
                     continue
@@ -86,19 +86,19 @@ class TaskPoll:
 
     def __init__(self, service: Coordinator, interval: float, max_wait: float) -> None:
         self.service, self.max_wait = service, max_wait
-        self.watches: PerLoop[StampWatch] = PerLoop(lambda: StampWatch(service, interval))
+        self.watches: PerLoop[StampWatch] = PerLoop(lambda: StampWatch(service.store, interval))
 
     async def next_task(self, fid: int, client: Client, wait: float) -> dict[str, Any] | None:
         """The client's next task, or None when none came within `wait` seconds (at most max_wait)."""
         deadline = time.monotonic() + min(wait, self.max_wait)
-        if self.service.heartbeat_due(client):
-            await run_in_threadpool(self.service.heartbeat, client)
+        if self.service.enrolment.heartbeat_due(client):
+            await run_in_threadpool(self.service.enrolment.heartbeat, client)
         watch = self.watches.get()
         seen = None
         while True:
             stamp = await watch.stamp(fid)
             if stamp != seen:  # only a change of the federation can bring this client a new task
-                found = await run_in_threadpool(self.service.next_task, fid, client)
+                found = await run_in_threadpool(self.service.tasks.next_task, fid, client)
                 if found is not None:
                     return found
                 seen = stamp

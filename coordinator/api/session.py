@@ -66,7 +66,7 @@ def has_session(request: Request, settings: Settings, service: Coordinator) -> b
     """The request carries a valid dashboard session cookie whose session was not logged out (reads
     the database: call it from a thread)."""
     parsed = parse_session(request.cookies.get(SESSION_COOKIE), settings.admin_secret())
-    return parsed is not None and not service.session_revoked(parsed[0])
+    return parsed is not None and not service.enrolment.session_revoked(parsed[0])
 
 
 def uses_session(request: Request) -> bool:

@@ -78,7 +78,7 @@ def page_data(
     service: Coordinator, refused: Callable[[int], dict[int, int]], wanted: int | None
 ) -> dict[str, Any]:
     """The federation list and the chosen federation's detail, read through the service."""
-    statuses = service.list_federations()
+    statuses = service.reads.list_federations()
     fid = pick_federation(statuses, wanted)
     now = service.clock()
     detail = None
@@ -86,13 +86,13 @@ def page_data(
         status = next(s for s in statuses if s["id"] == fid)
         detail = federation_detail(
             status,
-            service.rounds(fid),
-            service.list_clients(fid),
-            service.evaluations(fid, 0),
+            service.reads.rounds(fid),
+            service.reads.list_clients(fid),
+            service.reads.evaluations(fid, 0),
             refused(fid),
             now,
         )
-        detail["sites"] = service.site_table(fid)
+        detail["sites"] = service.reads.site_table(fid)
     return {
         "federations": [federation_row(s) for s in statuses],
         "selected": fid,

@@ -166,7 +166,7 @@ def test_refused_uploads_change_nothing(
                 ).status_code
                 == 201
             )
-        api.app.state.service.after_upload(fid)
+        api.app.state.service.cycle.after_upload(fid)
         assert api.get(f"/api/v1/federations/{fid}/rounds/1", headers=ADMIN_H).json()["state"] == "closed"
         headers = world["outsider"]  # not a participant of round 1 and has not uploaded
     elif case == "wrong round":

@@ -38,7 +38,7 @@ def test_database_busy_is_503_with_retry_after(
     api: TestClient, monkeypatch: pytest.MonkeyPatch, exc: Exception, reason: str
 ) -> None:
     service = api.app.state.service  # type: ignore[attr-defined]
-    monkeypatch.setattr(service, "create_federation", _raise(exc))
+    monkeypatch.setattr(service.federations, "create_federation", _raise(exc))
     resp = api.post(
         "/api/v1/federations", json={"name": "busy", "num_virtual_tokens": 2, "hidden_size": 8}, headers=AUTH
     )

@@ -125,7 +125,7 @@ def test_failed_round_and_retry_are_counted(api: TestClient) -> None:
 
     # Execute: the deadline passes; the sweep fails attempt 1 and opens attempt 2
     clock.advance(31)
-    api.app.state.service.sweep()
+    api.app.state.service.cycle.sweep()
 
     # Assert
     rounds = api.get(f"/api/v1/federations/{fid}/rounds", headers=ADMIN_H).json()
@@ -156,7 +156,7 @@ def test_rolled_back_transitions_are_not_counted(service, clock) -> None:  # typ
     # Prepare
     seen: list[RoundTransition] = []
     instrument_sessions(service.sessions, seen.append)
-    fed = service.create_federation(FederationSpec.model_validate(SMALL_SPEC))
+    fed = service.federations.create_federation(FederationSpec.model_validate(SMALL_SPEC))
 
     def add_round(number: int) -> None:
         with service.sessions() as s, s.begin():

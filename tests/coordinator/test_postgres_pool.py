@@ -20,9 +20,9 @@ def test_connections_killed_by_the_server_cost_at_most_one_failed_request(
     engine = make_engine(pg_url, pool_size=4)
     try:
         service = Coordinator(make_sessionmaker(engine))
-        fid = service.create_federation(FederationSpec(name="restart", hidden_size=8)).id
+        fid = service.federations.create_federation(FederationSpec(name="restart", hidden_size=8)).id
         for _ in range(4):  # warm the pool
-            service.federation_status(fid)
+            service.reads.federation_status(fid)
         database = pg_url.rsplit("/", 1)[1]
         with psycopg.connect(pg_server, autocommit=True) as admin:
             killed = admin.execute(
@@ -34,11 +34,11 @@ def test_connections_killed_by_the_server_cost_at_most_one_failed_request(
         failures = 0
         for _ in range(6):
             try:
-                assert service.federation_status(fid)["name"] == "restart"
+                assert service.reads.federation_status(fid)["name"] == "restart"
             except DBAPIError as exc:
                 assert exc.connection_invalidated  # recognised as a dropped connection
                 failures += 1
         assert failures <= 1, failures
-        service.federation_status(fid)  # and it works again
+        service.reads.federation_status(fid)  # and it works again
     finally:
         engine.dispose()

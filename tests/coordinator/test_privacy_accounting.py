@@ -35,7 +35,7 @@ def test_cumulative_epsilon_composes_over_the_rounds_each_client_took_part_in(
                 headers={"Authorization": f"Bearer {c['token']}"},
             )
             assert resp.status_code == 201, resp.text
-        service.after_upload(fid)
+        service.cycle.after_upload(fid)
         stats = api.get(f"/api/v1/federations/{fid}/rounds/{number}", headers=ADMIN_H).json()["stats"]
         expected = spent_epsilon(privacy["mechanism"], 2.0, privacy.get("delta"), number)
         assert stats["privacy"]["mechanism"] == privacy["mechanism"]

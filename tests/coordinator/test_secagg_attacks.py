@@ -248,7 +248,7 @@ def test_two_survivors_of_three_never_close_a_round(api) -> None:  # type: ignor
         if not any([c.step() is not None for c in clients]):
             break
     clock.advance(61)
-    api.app.state.service.sweep()
+    api.app.state.service.cycle.sweep()
     first = _rounds(api, fid)[0]
     assert first["state"] == "failed" and "of 3" in first["failure_reason"]
     assert api.get(f"/api/v1/federations/{fid}", headers=ADMIN_AUTH).json()["latest_version"] == 0

@@ -96,7 +96,7 @@ def _drive(api: TestClient, clients: list[ScriptedClient], fid: int, clock: Fake
             return
         if not any([c.step() is not None for c in clients]):
             clock.advance(61)
-            api.app.state.service.sweep()
+            api.app.state.service.cycle.sweep()
     raise AssertionError("the federation did not reach the version")
 
 
@@ -183,7 +183,7 @@ def test_fewer_than_t_fails_and_is_retried(sqlite_api) -> None:  # type: ignore[
         if not any([c.step() is not None for c in clients]):
             break
     clock.advance(61)
-    api.app.state.service.sweep()
+    api.app.state.service.cycle.sweep()
     rounds = _rounds(api, fid)
     assert [(r["round"], r["attempt"], r["state"]) for r in rounds][:2] == [(1, 1, "failed"), (1, 2, "open")]
     assert "minimum of clients of 5" in rounds[0]["failure_reason"]

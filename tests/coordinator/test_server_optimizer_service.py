@@ -21,17 +21,17 @@ ADAM = {"name": "fedadam", "lr": 0.05, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3}
 
 def _federation(service: Coordinator, **overrides: Any) -> tuple[int, FederationSpec]:
     spec = FederationSpec.model_validate({**SMALL_SPEC, **overrides})
-    return service.create_federation(spec).id, spec
+    return service.federations.create_federation(spec).id, spec
 
 
 def _enrol(service: Coordinator, fid: int, n: int) -> list[Any]:
-    token, _ = service.create_enrollment_token(fid)
+    token, _ = service.enrolment.create_enrollment_token(fid)
     # 30 samples each: no upload below weighs more than its client enrolled with
-    return [service.enroll(fid, token, name=f"c{i}", num_samples=30, info={})[0] for i in range(n)]
+    return [service.enrolment.enroll(fid, token, name=f"c{i}", num_samples=30, info={})[0] for i in range(n)]
 
 
 def _prompt(service: Coordinator, fid: int, version: int) -> np.ndarray:
-    return wire.decode(service.get_prompt(fid, version).blob)[0]["prompt_embeddings"]
+    return wire.decode(service.tasks.get_prompt(fid, version).blob)[0]["prompt_embeddings"]
 
 
 def _round(
@@ -48,8 +48,8 @@ def _round(
         for seed, n in zip(seeds, (10, 30), strict=True)
     ]
     for client, blob in zip(clients, blobs, strict=True):
-        assert service.upload(fid, number, client, blob).created
-    service.after_upload(fid)
+        assert service.uploads.upload(fid, number, client, blob).created
+    service.cycle.after_upload(fid)
     a, b = (wire.decode(blob)[0]["prompt_embeddings"].astype(np.float64) for blob in blobs)
     return (a * 0.25 + b * 0.75).astype(np.float32)
 
@@ -84,7 +84,7 @@ def test_fedadam_versions_from_known_uploads_and_state_survives_a_new_coordinato
     np.testing.assert_allclose(x1, (x0 + eta1 * m1 / (np.sqrt(v1) + 1e-3)).astype(np.float32), rtol=1e-6)
     assert not np.allclose(x1, avg1, atol=1e-4)  # not the plain average
     assert _states(service, fid) == [(1, "fedadam")]
-    stats = service.round_detail(fid, 1)["stats"]["server_optimizer"]
+    stats = service.reads.round_detail(fid, 1)["stats"]["server_optimizer"]
     assert stats["name"] == "fedadam" and stats["step"] == 1 and stats["lr"] == 0.05
     assert stats["pseudo_gradient_norm"] > stats["update_norm"] > 0
 
@@ -102,7 +102,7 @@ def test_fedadam_versions_from_known_uploads_and_state_survives_a_new_coordinato
     restarted = (x1 + eta1 * m_new / (np.sqrt(v_new) + 1e-3)).astype(np.float32)
     assert not np.allclose(x2, restarted, rtol=1e-3)
     assert _states(fresh, fid) == [(2, "fedadam")]  # only the latest state is kept
-    assert fresh.round_detail(fid, 2)["stats"]["server_optimizer"]["step"] == 2
+    assert fresh.reads.round_detail(fid, 2)["stats"]["server_optimizer"]["step"] == 2
 
 
 def test_without_a_server_optimiser_the_version_is_the_weighted_mean_and_no_state_is_kept(
@@ -114,7 +114,7 @@ def test_without_a_server_optimiser_the_version_is_the_weighted_mean_and_no_stat
         avg = _round(service, fid, spec, clients, 1, (1, 2))
         np.testing.assert_array_equal(_prompt(service, fid, 1), avg)
         assert _states(service, fid) == []
-        assert "server_optimizer" not in service.round_detail(fid, 1)["stats"]
+        assert "server_optimizer" not in service.reads.round_detail(fid, 1)["stats"]
 
 
 def test_fedavgm_with_a_robust_rule_keeps_the_rules_notes(service: Coordinator) -> None:
@@ -126,7 +126,7 @@ def test_fedavgm_with_a_robust_rule_keeps_the_rules_notes(service: Coordinator) 
     clients = _enrol(service, fid, 2)
     x0 = _prompt(service, fid, 0).astype(np.float64)
     _round(service, fid, spec, clients, 1, (1, 2))
-    stats = service.round_detail(fid, 1)["stats"]
+    stats = service.reads.round_detail(fid, 1)["stats"]
     assert all("clipped" in note for note in stats["notes"].values())
     # first step: m = Δ, x1 = x0 + 2 Δ, so the update is twice the clipped aggregate's distance
     x1 = _prompt(service, fid, 1).astype(np.float64)

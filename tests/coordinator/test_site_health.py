@@ -86,14 +86,14 @@ def test_a_silent_site_is_shown_stale_reported_once_and_then_gone(
     assert _states(api, fid) == {"site-0": "training", "site-1": "live"}
     clock.advance(40)  # quiet: 190 s
     assert _states(api, fid) == {"site-0": "training", "site-1": "stale"}
-    api.app.state.service.sweep()
-    api.app.state.service.sweep()
+    api.app.state.service.cycle.sweep()
+    api.app.state.service.cycle.sweep()
     (message,) = _stale_events(api, fid)  # once per silence
     assert "'site-1' silent for 190 s (stale after 180 s)" in message
     assert f'fedprompt_stale_clients{{federation="{fid}"}} 1.0' in api.get("/metrics").text
 
     clock.advance(200)  # the busy site fell silent mid-training too (190 + 200 − 150 s ago)
-    api.app.state.service.sweep()
+    api.app.state.service.cycle.sweep()
     events = _stale_events(api, fid)
     assert len(events) == 2 and "last heartbeat: training round 1, step 60 of 100" in events[1]
     assert _states(api, fid) == {"site-0": "stale", "site-1": "stale"}
@@ -107,7 +107,7 @@ def test_a_silent_site_is_shown_stale_reported_once_and_then_gone(
     )
     assert _states(api, fid)["site-1"] == "live"
     clock.advance(190)
-    api.app.state.service.sweep()
+    api.app.state.service.cycle.sweep()
     assert len(_stale_events(api, fid)) == 3
 
 

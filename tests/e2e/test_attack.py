@@ -80,9 +80,9 @@ def test_malicious_client_with_ldp_reports_asr_local_asr_and_epsilon(tmp_path: P
     try:
         service = Coordinator(make_sessionmaker(engine))
         fid = results["federation_id"]
-        history = [r for r in service.rounds(fid) if r["state"] == "closed"]
-        status = service.federation_status(fid)
-        clients = {c["name"]: c["id"] for c in service.list_clients(fid)}
+        history = [r for r in service.reads.rounds(fid) if r["state"] == "closed"]
+        status = service.reads.federation_status(fid)
+        clients = {c["name"]: c["id"] for c in service.reads.list_clients(fid)}
     finally:
         engine.dispose()
     for number, (rec, rnd) in enumerate(zip(results["rounds"], history, strict=True), 1):

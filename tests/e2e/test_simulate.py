@@ -56,7 +56,7 @@ def _history(out: Path) -> list[dict]:
     try:
         service = Coordinator(make_sessionmaker(engine))
         fid = json.loads((out / "simulation.json").read_text())["federation_id"]
-        return service.rounds(fid)
+        return service.reads.rounds(fid)
     finally:
         engine.dispose()
 
@@ -227,7 +227,7 @@ def test_pool_processes_serve_more_clients_and_a_killed_one_is_restarted(tmp_pat
     try:
         service = Coordinator(make_sessionmaker(engine))
         fid = json.loads((out / "simulation.json").read_text())["federation_id"]
-        clients = service.list_clients(fid)
+        clients = service.reads.list_clients(fid)
     finally:
         engine.dispose()
     assert sorted(c["name"] for c in clients) == [f"client-{i}" for i in range(5)]  # no re-enrolment

@@ -127,7 +127,7 @@ def test_round_wait_keeps_waiting_through_a_failed_attempt(
         with service.sessions() as s, s.begin():
             for c in s.scalars(select(Client)).all():
                 c.last_seen_at = clock.now
-        service.sweep()
+        service.cycle.sweep()
 
     world.script(monkeypatch, [fail_attempt_1, lambda: world.upload(1, 0), lambda: world.upload(1, 1)])
 

@@ -29,7 +29,9 @@ router = APIRouter(prefix=FEDERATION, tags=["clients"], responses=API_ERRORS, ro
 def create_token(fid: IdPath, service: ServiceDep, body: TokenRequest | None = None) -> dict[str, Any]:
     """Issue an enrolment token; it is shown only in this response."""
     body = body or TokenRequest()
-    token, row = service.create_enrollment_token(fid, expires_in_s=body.expires_in_s, max_uses=body.max_uses)
+    token, row = service.enrolment.create_enrollment_token(
+        fid, expires_in_s=body.expires_in_s, max_uses=body.max_uses
+    )
     return {"token": token, "id": row.id, "expires_at": row.expires_at, "max_uses": row.max_uses}
 
 
@@ -49,7 +51,7 @@ def enroll(
 ) -> dict[str, Any]:
     """Enrol with an enrolment token (Bearer); returns a client id and a client token, shown once.
     Under mutual TLS the connection's client certificate is bound to the new client."""
-    client, client_token = service.enroll(
+    client, client_token = service.enrolment.enroll(
         fid,
         token,
         name=body.name,
@@ -62,7 +64,7 @@ def enroll(
         "client_id": client.id,
         "token": client_token,
         "federation_id": fid,
-        "spec": service.federation_spec(fid),
+        "spec": service.federations.federation_spec(fid),
     }
 
 
@@ -73,7 +75,7 @@ def state_model_parameters(
     """State the loaded model's parameter count, as at enrolment (a worker learns its model from the spec
     after enrolling); the answer is the federation's figure, which the first statement sets."""
     del fid  # the client's federation: require_client checked it
-    return {"model_parameters": service.state_model_parameters(client, body.model_parameters)}
+    return {"model_parameters": service.enrolment.state_model_parameters(client, body.model_parameters)}
 
 
 @router.put("/activity", status_code=204)
@@ -81,18 +83,18 @@ def report_activity(fid: IdPath, body: Activity, client: ClientDep, service: Ser
     """A worker's heartbeat while it trains (every heartbeat_s of the spec): records the client as
     seen, with its phase, round and step, so the operator can tell a slow site from a dead one."""
     del fid  # the client's federation: require_client checked it
-    service.report_activity(client, body.model_dump())
+    service.enrolment.report_activity(client, body.model_dump())
     return Response(status_code=204)
 
 
 @router.get("/clients", dependencies=[AdminDep], response_model=list[ClientInfo])
 def list_clients(fid: IdPath, service: ServiceDep) -> list[dict[str, Any]]:
     """Every enrolled client with its activity."""
-    return service.list_clients(fid)
+    return service.reads.list_clients(fid)
 
 
 @router.delete("/clients/{cid}", status_code=204, dependencies=[AdminDep])
 def revoke(fid: IdPath, cid: IdPath, service: ServiceDep) -> Response:
     """Revoke a client: its token stops working; it is never selected again."""
-    service.revoke_client(fid, cid)
+    service.enrolment.revoke_client(fid, cid)
     return Response(status_code=204)

@@ -123,7 +123,7 @@ def logout(request: Request, settings: SettingsDep, service: ServiceDep) -> Resp
     again, even one copied elsewhere), and the cookie forgotten in this browser."""
     session = parse_session(request.cookies.get(SESSION_COOKIE), settings.admin_secret())
     if session is not None:
-        service.revoke_session(*session)
+        service.enrolment.revoke_session(*session)
     response = RedirectResponse("/dashboard/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
     return response

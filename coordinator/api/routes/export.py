@@ -39,7 +39,7 @@ def export_prompt(
     ),
 ) -> Response:
     """A prompt version as a zipped PEFT adapter folder."""
-    filename, archive = service.export_prompt(fid, version, format)
+    filename, archive = service.federations.export_prompt(fid, version, format)
     return Response(
         archive,
         media_type="application/zip",

@@ -29,20 +29,20 @@ router = APIRouter(
 @router.post("", status_code=201, dependencies=[AdminDep], response_model=FederationStatus)
 def create_federation(service: ServiceDep, spec: SpecBody) -> dict[str, Any]:
     """Create a federation from a spec (JSON); an absent deadline takes the server's default."""
-    fed = service.create_federation(spec)
-    return service.federation_status(fed.id)
+    fed = service.federations.create_federation(spec)
+    return service.reads.federation_status(fed.id)
 
 
 @router.get("", dependencies=[AdminDep], response_model=list[FederationStatus])
 def list_federations(service: ServiceDep) -> list[dict[str, Any]]:
     """Every federation with its status."""
-    return service.list_federations()
+    return service.reads.list_federations()
 
 
 @router.get("/{fid}", dependencies=[AdminDep], response_model=FederationStatus)
 def federation_status(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
     """State, current round, clients and latest metrics."""
-    return service.federation_status(fid)
+    return service.reads.federation_status(fid)
 
 
 @router.post(
@@ -53,7 +53,7 @@ def federation_status(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
 )
 def pause(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
     """Stop opening rounds automatically (the open round still finishes)."""
-    return service.set_paused(fid, True)
+    return service.federations.set_paused(fid, True)
 
 
 @router.post(
@@ -64,7 +64,7 @@ def pause(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
 )
 def resume(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
     """Open rounds automatically again."""
-    return service.set_paused(fid, False)
+    return service.federations.set_paused(fid, False)
 
 
 @router.get("/{fid}/events", dependencies=[AdminDep], response_model=list[Event])
@@ -72,14 +72,14 @@ def events(
     fid: IdPath, service: ServiceDep, after: int = Query(0, ge=0, le=MAX_ID), limit: int = 200
 ) -> list[dict[str, Any]]:
     """The federation's audit trail (round opened/closed/failed, enrolments, revocations)."""
-    return service.events(fid, after=after, limit=min(max(limit, 1), 1000))
+    return service.reads.events(fid, after=after, limit=min(max(limit, 1), 1000))
 
 
 @router.get("/{fid}/spec")
 def get_spec(fid: IdPath, service: ServiceDep, who: EitherDep) -> dict[str, Any]:
     """The federation's spec (workers read it to load the right model, template and verbalizer)."""
     del who  # authentication only: admin or a client of this federation
-    return service.federation_spec(fid)
+    return service.federations.federation_spec(fid)
 
 
 @router.get(
@@ -94,7 +94,7 @@ def get_prompt(
     fid: IdPath, version: VersionPath, service: ServiceDep, who: EitherDep, request: Request
 ) -> Response:
     """A global prompt version ('latest' or a number) as safetensors; ETag is its sha256."""
-    pv = service.get_prompt(fid, version, client=who)
+    pv = service.tasks.get_prompt(fid, version, client=who)
     etag = f'"{pv.sha256}"'
     headers = {"ETag": etag, "X-Prompt-Version": str(pv.version), "X-Prompt-Sha256": pv.sha256}
     if request.headers.get("if-none-match") == etag:
@@ -113,7 +113,9 @@ def get_prompt(
 def get_control(fid: IdPath, version: VersionPath, service: ServiceDep, who: EitherDep) -> Response:
     """SCAFFOLD's server control variate after a prompt version (float32 safetensors, zeros after
     version 0; only the latest version's is kept). Training clients fetch it with the base prompt."""
-    return Response(service.get_control(fid, version, client=who), media_type="application/octet-stream")
+    return Response(
+        service.tasks.get_control(fid, version, client=who), media_type="application/octet-stream"
+    )
 
 
 @router.put(
@@ -130,5 +132,5 @@ async def set_initial_prompt(
     """Replace the initial prompt (version 0) before round 1, e.g. with a vocabulary initialisation."""
     with upload_ticket(request, "admin") as ticket:
         body = await read_limited_body(request, settings.max_upload_bytes, ticket)
-        pv = service.set_initial_prompt(fid, body)
+        pv = service.federations.set_initial_prompt(fid, body)
     return JSONResponse({"version": 0, "sha256": pv.sha256})

@@ -42,7 +42,7 @@ router = APIRouter(prefix=FEDERATION, tags=["rounds"], responses=API_ERRORS, rou
 )
 def open_round(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
     """Open the next round now (selects max(ceil(C*K), min_clients) clients)."""
-    return service.open_round(fid)
+    return service.cycle.open_round(fid)
 
 
 @router.post(
@@ -53,32 +53,32 @@ def open_round(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
 )
 def close_round(fid: IdPath, number: IdPath, service: ServiceDep) -> dict[str, Any]:
     """Aggregate the open round now with the updates that arrived (needs the quorum)."""
-    return service.close_round(fid, number)
+    return service.cycle.close_round(fid, number)
 
 
 @router.get("/rounds", dependencies=[AdminDep], response_model=list[RoundSummary])
 def list_rounds(fid: IdPath, service: ServiceDep) -> list[dict[str, Any]]:
     """Round history: every attempt with participants, timings, bytes and metrics."""
-    return service.rounds(fid)
+    return service.reads.rounds(fid)
 
 
 @router.get("/rounds/{number}", dependencies=[AdminDep], response_model=RoundSummary)
 def get_round(fid: IdPath, number: IdPath, service: ServiceDep) -> dict[str, Any]:
     """One round (its latest attempt)."""
-    return service.round_detail(fid, number)
+    return service.reads.round_detail(fid, number)
 
 
 @router.get("/evaluations/{version}", dependencies=[AdminDep], response_model=EvaluationSummary | None)
 def get_evaluation(fid: IdPath, version: IdPath, service: ServiceDep) -> dict[str, Any] | None:
     """Sample-weighted evaluation of a prompt version over the clients that reported (null if none)."""
-    return service.evaluations(fid, version)
+    return service.reads.evaluations(fid, version)
 
 
 @router.get("/evaluations/{version}/sites", dependencies=[AdminDep], response_model=SiteEvaluations)
 def get_site_evaluations(fid: IdPath, version: IdPath, service: ServiceDep) -> dict[str, Any]:
     """Each site's own evaluation of a prompt version, and how far the sites lie apart (403 under
     secure aggregation unless its spec lets sites report their confusion matrices)."""
-    return service.site_evaluations(fid, version)
+    return service.reads.site_evaluations(fid, version)
 
 
 @router.get(
@@ -136,9 +136,11 @@ async def upload(
     with upload_ticket(request, client.id) as ticket:
         body = await read_limited_body(request, settings.max_upload_bytes, ticket)
         # uploads have threads of their own, see Settings.upload_threads
-        result = await anyio.to_thread.run_sync(service.upload, fid, number, client, body, limiter=threads)
+        result = await anyio.to_thread.run_sync(
+            service.uploads.upload, fid, number, client, body, limiter=threads
+        )
     if result.round_complete:  # this upload's batch completed the round: aggregate it now
-        background.add_task(service.after_upload, fid)
+        background.add_task(service.cycle.after_upload, fid)
     return JSONResponse(result.receipt(), status_code=201 if result.created else 200)
 
 
@@ -153,5 +155,5 @@ def report_evaluation(
 ) -> JSONResponse:
     """Report the evaluation of the prompt produced by round `number` (0: the initial prompt)."""
     version = number if report.version is None else report.version
-    created = service.report_evaluation(fid, version, client, report.model_dump())
+    created = service.uploads.report_evaluation(fid, version, client, report.model_dump())
     return JSONResponse({"version": version, "stored": created}, status_code=201 if created else 200)
