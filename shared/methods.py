@@ -18,22 +18,30 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
+from fedprompt.shared.vocab import EncoderType, Family, Method
 
-Method = Literal["prompt_tuning", "p_tuning", "prefix_tuning"]
-Family = Literal["masked_lm", "causal_lm", "seq2seq"]
-EncoderType = Literal["mlp", "lstm"]
-METHODS: tuple[str, ...] = ("prompt_tuning", "p_tuning", "prefix_tuning")
-FAMILIES: tuple[str, ...] = ("masked_lm", "causal_lm", "seq2seq")
+METHODS: tuple[Method, ...] = tuple(Method)
+FAMILIES: tuple[Family, ...] = tuple(Family)
 
 PROMPT_TENSOR = "prompt_embeddings"
 ENCODER_PREFIX = "prompt_encoder."
 
-# PEFT's names for the methods and for the way a model family is wrapped.
-PEFT_TYPES = {"prompt_tuning": "PROMPT_TUNING", "p_tuning": "P_TUNING", "prefix_tuning": "PREFIX_TUNING"}
-PEFT_TASK_TYPES = {"masked_lm": "FEATURE_EXTRACTION", "causal_lm": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM"}
+# PEFT's names for the methods and for the way a model family is wrapped. The task type is the one fact
+# of a family the coordinator needs (to export an adapter) and cannot read from the worker's family
+# adapter (worker/engine/families/, torch): a family's adapter reads its own entry here.
+PEFT_TYPES: dict[Method, str] = {
+    Method.PROMPT_TUNING: "PROMPT_TUNING",
+    Method.P_TUNING: "P_TUNING",
+    Method.PREFIX_TUNING: "PREFIX_TUNING",
+}
+PEFT_TASK_TYPES: dict[str, str] = {
+    Family.MASKED_LM: "FEATURE_EXTRACTION",
+    Family.CAUSAL_LM: "CAUSAL_LM",
+    Family.SEQ2SEQ: "SEQ_2_SEQ_LM",
+}
 
 
 class MethodError(ValueError):
@@ -44,14 +52,14 @@ class MethodError(ValueError):
 class MethodConfig:
     """Everything that fixes the names and shapes of a method's communicated tensors."""
 
-    method: Method = "prompt_tuning"
+    method: Method = Method.PROMPT_TUNING
     num_virtual_tokens: int = 20
     hidden_size: int = 384
     num_layers: int | None = None
     # width of one layer's key (or value) states: hidden_size under multi-head attention,
     # num_key_value_heads × head_dim under grouped-query attention (Llama, SmolLM2); None: hidden_size
     kv_size: int | None = None
-    encoder_type: EncoderType = "mlp"
+    encoder_type: EncoderType = EncoderType.MLP
     encoder_hidden_size: int | None = None
     encoder_num_layers: int = 2
     prefix_projection: bool = False
@@ -64,12 +72,14 @@ class MethodConfig:
     @property
     def communicates_encoder(self) -> bool:
         """Whether the wire carries an encoder (P-tuning, projected prefixes) rather than the prompt itself."""
-        return self.method == "p_tuning" or (self.method == "prefix_tuning" and self.prefix_projection)
+        return self.method == Method.P_TUNING or (
+            self.method == Method.PREFIX_TUNING and self.prefix_projection
+        )
 
     def prompt_width(self) -> int:
         """Width of one materialised virtual token: hidden, or 2 * layers * kv_size for prefixes (a key and
         a value state per layer)."""
-        if self.method == "prefix_tuning":
+        if self.method == Method.PREFIX_TUNING:
             if not self.num_layers:
                 raise MethodError("prefix tuning needs num_layers (the model's number of transformer layers)")
             return 2 * self.num_layers * (self.kv_size or self.hidden_size)
@@ -79,9 +89,9 @@ class MethodConfig:
 def tensor_shapes(cfg: MethodConfig) -> dict[str, tuple[int, ...]]:
     """Wire names and shapes of the tensors a method communicates (PEFT parameter names)."""
     n, h, e = cfg.num_virtual_tokens, cfg.hidden_size, cfg.encoder_hidden
-    if cfg.method == "prompt_tuning":
+    if cfg.method == Method.PROMPT_TUNING:
         return {PROMPT_TENSOR: (n, h)}
-    if cfg.method == "prefix_tuning":
+    if cfg.method == Method.PREFIX_TUNING:
         width = cfg.prompt_width()
         if not cfg.prefix_projection:
             return {PROMPT_TENSOR: (n, width)}
@@ -95,10 +105,10 @@ def tensor_shapes(cfg: MethodConfig) -> dict[str, tuple[int, ...]]:
                 "transform.2.bias": (width,),
             }
         )
-    if cfg.method != "p_tuning":
+    if cfg.method != Method.P_TUNING:
         raise MethodError(f"unknown method {cfg.method!r}; choose one of {', '.join(METHODS)}")
     shapes: dict[str, tuple[int, ...]] = {"embedding.weight": (n, h)}
-    if cfg.encoder_type == "mlp":
+    if cfg.encoder_type == EncoderType.MLP:
         shapes.update(
             {
                 "mlp_head.0.weight": (e, h),
@@ -109,7 +119,7 @@ def tensor_shapes(cfg: MethodConfig) -> dict[str, tuple[int, ...]]:
                 "mlp_head.4.bias": (h,),
             }
         )
-    elif cfg.encoder_type == "lstm":
+    elif cfg.encoder_type == EncoderType.LSTM:
         for layer in range(cfg.encoder_num_layers):
             width_in = h if layer == 0 else 2 * e
             for suffix in (f"l{layer}", f"l{layer}_reverse"):
@@ -179,9 +189,9 @@ def materialise(cfg: MethodConfig, tensors: Mapping[str, np.ndarray]) -> np.ndar
     def linear(a: np.ndarray, name: str) -> np.ndarray:
         return a @ t[f"{name}.weight"].T + t[f"{name}.bias"]
 
-    if cfg.method == "prefix_tuning":
+    if cfg.method == Method.PREFIX_TUNING:
         out = linear(np.tanh(linear(x, "transform.0")), "transform.2")
-    elif cfg.encoder_type == "mlp":
+    elif cfg.encoder_type == EncoderType.MLP:
         hidden = np.maximum(linear(x, "mlp_head.0"), 0.0)
         hidden = np.maximum(linear(hidden, "mlp_head.2"), 0.0)
         out = linear(hidden, "mlp_head.4")
@@ -201,32 +211,56 @@ def materialise(cfg: MethodConfig, tensors: Mapping[str, np.ndarray]) -> np.ndar
     return out.astype(np.float32)
 
 
+def peft_fields(cfg: MethodConfig, *, task_type: str, num_attention_heads: int | None) -> dict[str, Any]:
+    """The fields of PEFT's config of a method (``peft_type`` included), as the engine trains it: what the
+    worker builds its PEFT config from and what the exported adapter_config.json states."""
+    if cfg.method not in PEFT_TYPES:
+        raise MethodError(f"unknown method {cfg.method!r}")
+    fields: dict[str, Any] = {
+        "peft_type": PEFT_TYPES[cfg.method],
+        "task_type": task_type,
+        "num_virtual_tokens": cfg.num_virtual_tokens,
+        "token_dim": cfg.hidden_size,
+        # Virtual tokens on the encoder input only; seq2seq prefixes in the decoder's self- and
+        # cross-attention (PEFT's default for them; the encoder takes no cache).
+        "num_transformer_submodules": 2
+        if (task_type == PEFT_TASK_TYPES[Family.SEQ2SEQ] and cfg.method == Method.PREFIX_TUNING)
+        else 1,
+        "num_attention_heads": num_attention_heads,
+        "num_layers": cfg.num_layers,
+    }
+    if cfg.method == Method.P_TUNING:
+        fields.update(
+            {
+                "encoder_reparameterization_type": cfg.encoder_type.upper(),
+                "encoder_hidden_size": cfg.encoder_hidden,
+                "encoder_num_layers": cfg.encoder_num_layers,
+                "encoder_dropout": 0.0,
+            }
+        )
+    elif cfg.method == Method.PREFIX_TUNING:
+        fields.update({"encoder_hidden_size": cfg.encoder_hidden, "prefix_projection": cfg.prefix_projection})
+    return fields
+
+
 def peft_adapter_config(
     cfg: MethodConfig,
     *,
-    family: Family,
+    family: Family | str,
     base_model: str,
     num_attention_heads: int | None,
 ) -> dict[str, Any]:
     """adapter_config.json of the exported adapter (PEFT's fields for the method, inference mode)."""
-    if cfg.method == "prefix_tuning" and not num_attention_heads:
+    if cfg.method == Method.PREFIX_TUNING and not num_attention_heads:
         raise MethodError("exporting prefix tuning needs num_attention_heads (the model's attention heads)")
     config: dict[str, Any] = {
-        "peft_type": PEFT_TYPES[cfg.method],
-        "task_type": PEFT_TASK_TYPES[family],
+        **peft_fields(cfg, task_type=PEFT_TASK_TYPES[family], num_attention_heads=num_attention_heads),
         "base_model_name_or_path": base_model,
         "revision": None,
         "inference_mode": True,
-        "num_virtual_tokens": cfg.num_virtual_tokens,
-        "token_dim": cfg.hidden_size,
-        # As the engine trains: virtual tokens on the encoder input only; seq2seq prefixes in the decoder's
-        # self- and cross-attention (PEFT's default for them).
-        "num_transformer_submodules": 2 if (family == "seq2seq" and cfg.method == "prefix_tuning") else 1,
-        "num_attention_heads": num_attention_heads,
-        "num_layers": cfg.num_layers,
         "modules_to_save": None,
     }
-    if cfg.method == "prompt_tuning":
+    if cfg.method == Method.PROMPT_TUNING:  # PEFT's defaults, which the engine trains with, stated
         config.update(
             {
                 "prompt_tuning_init": "RANDOM",
@@ -235,15 +269,4 @@ def peft_adapter_config(
                 "tokenizer_kwargs": None,
             }
         )
-    elif cfg.method == "p_tuning":
-        config.update(
-            {
-                "encoder_reparameterization_type": cfg.encoder_type.upper(),
-                "encoder_hidden_size": cfg.encoder_hidden,
-                "encoder_num_layers": cfg.encoder_num_layers,
-                "encoder_dropout": 0.0,
-            }
-        )
-    else:
-        config.update({"encoder_hidden_size": cfg.encoder_hidden, "prefix_projection": cfg.prefix_projection})
     return config
