@@ -553,7 +553,7 @@ def test_cuda_device_is_refused_without_cuda(tokenizer: Any) -> None:
     ],
 )
 def test_missing_head_weights_decide_the_scoring(tokenizer: Any, missing: set[str], head: str) -> None:
-    from fedprompt.worker.engine.model import split_masked_lm
+    from fedprompt.worker.engine.families.masked_lm import split_masked_lm
 
     backbone = split_masked_lm(tiny_mlm(tokenizer), missing)
 

@@ -11,10 +11,12 @@ from typing import Any
 import numpy as np
 import torch
 from fedprompt.shared import drift, wire
-from fedprompt.shared.methods import PROMPT_TENSOR, EncoderType, Method, MethodConfig, tensor_shapes
+from fedprompt.shared.methods import PROMPT_TENSOR, MethodConfig, tensor_shapes
 from fedprompt.shared.spec import FederationSpec, Precision, check_precision
+from fedprompt.shared.vocab import EncoderType, Method, Scoring
 from fedprompt.worker.engine import prompt_io
 from fedprompt.worker.engine.batching import cycle_batches, label_ids, pad
+from fedprompt.worker.engine.families import adapter
 from fedprompt.worker.engine.initial import Init, initialise
 from fedprompt.worker.engine.loading import (
     HeadChoice,
@@ -27,7 +29,6 @@ from fedprompt.worker.engine.methods import attach, kv_size, model_shape
 from fedprompt.worker.engine.model import (
     Backbone,
     Head,
-    decoder_start_id,
     default_num_threads,
     describe_objects,
     fingerprint_of,
@@ -36,7 +37,6 @@ from fedprompt.worker.engine.model import (
 )
 from fedprompt.worker.engine.results import EvalResult, TrainResult
 from fedprompt.worker.engine.scoring import (
-    Scoring,
     phrase_embeddings,
     pooled_scores,
     resolve_scoring,
@@ -68,12 +68,12 @@ class PromptEngine:
         num_threads: int | None = None,
         fingerprint: str = "",
         description: dict[str, Any] | None = None,
-        method: Method = "prompt_tuning",
-        encoder_type: EncoderType = "mlp",
+        method: Method = Method.PROMPT_TUNING,
+        encoder_type: EncoderType = EncoderType.MLP,
         encoder_hidden_size: int | None = None,
         encoder_num_layers: int = 2,
         prefix_projection: bool = False,
-        scoring: Scoring = "auto",
+        scoring: Scoring = Scoring.AUTO,
         precision: Precision = "auto",
     ) -> None:
         if num_virtual_tokens < 1:
@@ -88,6 +88,7 @@ class PromptEngine:
             torch.set_num_threads(num_threads or default_num_threads())
         self.tokenizer = tokenizer
         self.family = backbone.family
+        self._adapter = adapter(backbone.family)  # what differs by model family (worker/engine/families/)
         self.template = Template(template, tokenizer, max_length, backbone.family)
         self.verbalizer = Verbalizer(verbalizer, tokenizer)
         self.num_virtual_tokens = num_virtual_tokens
@@ -127,8 +128,6 @@ class PromptEngine:
             tokenizer=tokenizer,
             verbalizer=self.verbalizer,
         )
-        if self.family == "seq2seq":
-            self._decoder_start = decoder_start_id(backbone.config)
         self._word_ids = torch.tensor(self.verbalizer.word_ids, dtype=torch.long, device=self.device)
         self._average = word_average(self.verbalizer).to(self.device)
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -212,29 +211,14 @@ class PromptEngine:
         batch = input_ids.shape[0]
         rows = torch.arange(batch, device=input_ids.device)
         # Prompt tuning and P-tuning prepend virtual tokens; prefixes sit in the attention cache instead.
-        at = mask_pos + (0 if self.method == "prefix_tuning" else self.num_virtual_tokens)
+        at = mask_pos + (0 if self.method == Method.PREFIX_TUNING else self.num_virtual_tokens)
         bb = self._backbone
-        kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if self.family == "seq2seq":
-            kwargs["decoder_input_ids"] = torch.full(
-                (batch, 1), self._decoder_start, dtype=torch.long, device=input_ids.device
-            )
-        out = self._peft(**kwargs)
+        out = self._peft(
+            input_ids=input_ids, attention_mask=attention_mask, **self._adapter.model_inputs(bb, input_ids)
+        )
         if self._label_embeddings is not None:
             return pooled_scores(out.last_hidden_state, attention_mask, self._label_embeddings)
-        if self.family == "seq2seq":
-            # The first decoder token reads the label word.
-            word_logits = out.logits[:, 0][:, self._word_ids]
-        elif bb.full_model is not None:
-            # Causal LM (next token after the template), or a masked LM without a separable head (DistilBERT).
-            word_logits = out.logits[rows, at][:, self._word_ids]
-        else:
-            hidden = out.last_hidden_state[rows, at]
-            if bb.mlm_head is not None:
-                word_logits = bb.mlm_head(hidden)[:, self._word_ids]
-            else:
-                # No trained MLM head in the checkpoint: read the label words through the tied input embeddings.
-                word_logits = hidden @ bb.input_embeddings.weight[self._word_ids].T
+        word_logits = self._adapter.word_logits(bb, out, rows, at, self._word_ids)
         return word_logits.float() @ self._average.T
 
     # ------------------------------------------------------------------ training and evaluation
@@ -385,9 +369,7 @@ class PromptEngine:
 
     def model_parameters(self) -> int:
         """Parameters of the checkpoint's architecture (from its config, tied weights once): the full model."""
-        from fedprompt.worker.engine.params import count_parameters
-
-        return count_parameters(self._backbone.config)
+        return self._adapter.count_parameters(self._backbone.config)
 
     def get_prompt(self) -> dict[str, np.ndarray]:
         """A float32 copy of the trainable tensors, keyed by their wire names."""

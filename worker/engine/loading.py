@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from fedprompt.shared.spec import FederationSpec
-from fedprompt.worker.engine.model import (
-    Backbone,
-    describe_model,
-    detect_family,
-    encoder_only,
-    language_model,
-    load_backbone,
-    split_masked_lm,
-)
+from fedprompt.worker.engine.families import adapter, detect
+from fedprompt.worker.engine.model import Backbone, HeadChoice, describe_model
 from fedprompt.worker.engine.offline import resolve_model
 from torch import nn
 
-HeadChoice = Literal["auto", "mlm", "tied-embeddings"]
 # RoBERTa-style models number positions from padding_idx + 1.
 _PADDING_OFFSET_MODELS = frozenset({"roberta", "xlm-roberta", "camembert", "longformer"})
 
@@ -33,16 +25,19 @@ def load_pretrained(model: str) -> tuple[Backbone, Any, dict[str, Any]]:
     return backbone, tokenizer, describe_model(path)
 
 
+def load_backbone(path: str) -> Backbone:
+    """Load a PLM of any registered family (its family read from its config): a masked LM, scored with
+    its tied input embeddings when the checkpoint lacks the MLM head weights; a causal or seq2seq LM."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    return adapter(detect(config)).load(path, config)
+
+
 def backbone_of(model: nn.Module, head: HeadChoice = "auto") -> Backbone:
     """The backbone of a built transformers model: a *ForMaskedLM or bare encoder, a causal LM, or a
     seq2seq LM. 'tied-embeddings' reads a masked LM's label words through its input embeddings."""
-    if detect_family(model.config, model) != "masked_lm":
-        return language_model(model)
-    if head == "mlm" and model.get_output_embeddings() is None:
-        raise ValueError(f"{type(model).__name__} has no MLM head; use head='auto' or 'tied-embeddings'")
-    if model.get_output_embeddings() is None or head == "tied-embeddings":
-        return encoder_only(model.base_model if head == "tied-embeddings" else model)
-    return split_masked_lm(model)
+    return adapter(detect(model.config, model)).backbone_of(model, head)
 
 
 def spec_options(spec: FederationSpec) -> dict[str, Any]:

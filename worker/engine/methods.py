@@ -3,7 +3,8 @@
 PEFT builds the trainable module (PromptEmbedding, PromptEncoder with an MLP or LSTM, PrefixEncoder) and
 runs the forward pass (virtual tokens prepended to the input embeddings, or key/value prefixes handed to
 every attention layer as a cache). The engine reads the label words from what PEFT returns. The wire
-names of shared.methods map one to one onto the prompt encoder's parameters.
+names of shared.methods map one to one onto the prompt encoder's parameters; the PEFT config is the
+family adapter's (worker/engine/families/), from shared.methods.peft_fields.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from fedprompt.shared.methods import PEFT_TASK_TYPES, MethodConfig, MethodError, peft_state_names
+from fedprompt.shared.methods import MethodConfig, MethodError, peft_state_names
 from fedprompt.worker.engine.model import Backbone
 from torch import nn
 
@@ -51,46 +52,6 @@ def kv_size(config: Any) -> int | None:
     return None if size == hidden else size
 
 
-def peft_config(cfg: MethodConfig, family: str, config: Any) -> Any:
-    """The PEFT config of a method for a model (one set of virtual tokens, on the encoder side)."""
-    from peft import PrefixTuningConfig, PromptEncoderConfig, PromptTuningConfig
-
-    hidden, layers, heads = model_shape(config)
-    common: dict[str, Any] = {
-        "task_type": PEFT_TASK_TYPES[family],
-        "num_virtual_tokens": cfg.num_virtual_tokens,
-        "token_dim": hidden,
-        "num_layers": layers,
-        "num_attention_heads": heads,
-        # Virtual tokens go to the encoder input only; prefixes of a seq2seq model go to the decoder's self-
-        # and cross-attention (PEFT's default for seq2seq prefixes; the encoder takes no cache).
-        "num_transformer_submodules": 2 if (family == "seq2seq" and cfg.method == "prefix_tuning") else 1,
-    }
-    if cfg.method == "prompt_tuning":
-        return PromptTuningConfig(**common)
-    if cfg.method == "p_tuning":
-        return PromptEncoderConfig(
-            **common,
-            encoder_reparameterization_type=cfg.encoder_type.upper(),
-            encoder_hidden_size=cfg.encoder_hidden,
-            encoder_num_layers=cfg.encoder_num_layers,
-            encoder_dropout=0.0,
-        )
-    if cfg.method == "prefix_tuning":
-        if family == "masked_lm" and getattr(config, "model_type", "") in _NO_PREFIX_SUPPORT:
-            raise MethodError(
-                f"{config.model_type} attention takes no key/value cache, so prefix tuning cannot reach it"
-            )
-        return PrefixTuningConfig(
-            **common, encoder_hidden_size=cfg.encoder_hidden, prefix_projection=cfg.prefix_projection
-        )
-    raise MethodError(f"unknown method {cfg.method!r}")
-
-
-# Encoders whose attention layers accept no past key/values (checked: DistilBERT).
-_NO_PREFIX_SUPPORT = frozenset({"distilbert"})
-
-
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     # PEFT warns that FEATURE_EXTRACTION models and frozen bases are unusual; both are intended here.
@@ -101,10 +62,12 @@ def _quiet() -> Iterator[None]:
 
 def wrap(backbone: Backbone, cfg: MethodConfig) -> tuple[nn.Module, nn.Module]:
     """(PeftModel around the backbone's runner, its prompt encoder) for a method."""
+    from fedprompt.worker.engine.families import adapter
     from peft import get_peft_model
 
     with _quiet():
-        model = get_peft_model(backbone.runner, peft_config(cfg, backbone.family, backbone.config))
+        config = adapter(backbone.family).peft_config(cfg, backbone.config)
+        model = get_peft_model(backbone.runner, config)
     encoder = model.prompt_encoder["default"]
     names = set(peft_state_names(cfg).values())
     params = {name for name, _ in encoder.named_parameters()}

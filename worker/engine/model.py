@@ -1,4 +1,5 @@
-"""Resolving, loading and fingerprinting the frozen PLM."""
+"""The frozen PLM as the engine holds it (a Backbone), freezing, fingerprinting and the device; each model
+family loads its models in worker/engine/families/."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from fedprompt.shared.vocab import Family
 from fedprompt.worker.data.pack import sha256_file
 from fedprompt.worker.engine.offline import resolve_model
 from torch import nn
@@ -29,8 +31,10 @@ TOKENIZER_FILES = (
     "added_tokens.json",
 )
 
+# How a backbone reads label words: the MLM head, the tied input embeddings, or the whole LM's logits.
 Head = Literal["mlm", "tied-embeddings", "lm"]
-Family = Literal["masked_lm", "causal_lm", "seq2seq"]
+# What a caller may ask of a built masked LM (families/masked_lm.py): its head, or the tied embeddings.
+HeadChoice = Literal["auto", "mlm", "tied-embeddings"]
 
 
 class ModelError(ValueError):
@@ -38,7 +42,8 @@ class ModelError(ValueError):
 
 
 @contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
+def quiet_transformers() -> Iterator[None]:
+    """transformers' logging at errors only, while a model loads."""
     # The load report lists the MLM head of MiniLM as MISSING; we detect that ourselves and say so.
     from transformers.utils import logging as hf_logging
 
@@ -60,83 +65,12 @@ class Backbone:
     full_model: nn.Module | None
     input_embeddings: nn.Embedding
     config: Any
-    family: Family = "masked_lm"
+    family: str = Family.MASKED_LM  # a registered family's name (worker/engine/families/)
 
     @property
     def runner(self) -> nn.Module:
         """The module the prompt method wraps and runs: the whole model when it has no separable head."""
         return self.full_model if self.full_model is not None else self.encoder
-
-
-def detect_family(config: Any, model: nn.Module | None = None) -> Family:
-    """masked_lm, causal_lm or seq2seq, from a model's config (and class, when built in memory)."""
-    if getattr(config, "is_encoder_decoder", False):
-        return "seq2seq"
-    names = (
-        [type(model).__name__] if model is not None else list(getattr(config, "architectures", None) or [])
-    )
-    if any(name.endswith(("ForCausalLM", "LMHeadModel")) for name in names):
-        return "causal_lm"
-    return "masked_lm"
-
-
-def language_model(model: nn.Module) -> Backbone:
-    """A causal or seq2seq LM: run whole, label words read from its vocabulary logits."""
-    family = detect_family(model.config, model)
-    return Backbone(model, "lm", None, model, model.get_input_embeddings(), model.config, family)
-
-
-def _head_module(model: nn.Module) -> nn.Module | None:
-    """The single non-encoder child of a *ForMaskedLM model (BERT: cls, RoBERTa: lm_head), if there is one."""
-    base_prefix = getattr(model, "base_model_prefix", "")
-    others = [
-        module
-        for name, module in model.named_children()
-        if name != base_prefix and any(True for _ in module.parameters())
-    ]
-    return others[0] if len(others) == 1 else None
-
-
-def split_masked_lm(model: nn.Module, missing_keys: set[str] | list[str] | None = None) -> Backbone:
-    """Split a *ForMaskedLM model into encoder + head; fall back to tied embeddings when the head was not loaded."""
-    base_prefix = getattr(model, "base_model_prefix", "")
-    # Tied copies (e.g. the decoder weight = the input embeddings) may be reported missing but are fine.
-    tied = getattr(model, "_tied_weights_keys", None) or {}
-    missing = set(missing_keys or ()) - set(tied)
-    # Keys outside the encoder that were not in the checkpoint mean the head is randomly initialised.
-    head_missing = any(not key.startswith(f"{base_prefix}.") for key in missing)
-    encoder = model.base_model if base_prefix and hasattr(model, base_prefix) else model
-    input_embeddings = model.get_input_embeddings()
-    if head_missing:
-        return Backbone(encoder, "tied-embeddings", None, None, input_embeddings, model.config)
-    head = _head_module(model)
-    return Backbone(encoder, "mlm", head, None if head is not None else model, input_embeddings, model.config)
-
-
-def encoder_only(model: nn.Module) -> Backbone:
-    """Use a bare encoder (e.g. BertModel) with label words read through its tied input embeddings."""
-    return Backbone(model, "tied-embeddings", None, None, model.get_input_embeddings(), model.config)
-
-
-def load_backbone(path: str) -> Backbone:
-    """Load a masked LM; if its checkpoint lacks the MLM head weights, score with the tied input embeddings."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
-
-    config = AutoConfig.from_pretrained(path)
-    family = detect_family(config)
-    if family != "masked_lm":
-        auto = AutoModelForSeq2SeqLM if family == "seq2seq" else AutoModelForCausalLM
-        with _quiet_transformers():
-            return language_model(auto.from_pretrained(path))
-    with _quiet_transformers():
-        try:
-            model, info = AutoModelForMaskedLM.from_pretrained(path, output_loading_info=True)
-        except ValueError as exc:
-            raise ModelError(
-                f"{path!r} ({config.model_type}) has no masked-LM architecture in transformers; prompt tuning "
-                f"with a [MASK] verbalizer needs a masked LM such as BERT, RoBERTa or MiniLM ({exc})"
-            ) from None
-    return split_masked_lm(model, info.get("missing_keys"))
 
 
 def _model_file(path: str, filename: str) -> Path | None:
@@ -223,12 +157,6 @@ def freeze(backbone: Backbone, device: torch.device) -> None:
             # Dropout off: the PLM is frozen and a fixed forward makes training reproducible.
             module.eval()
             module.to(device)
-
-
-def decoder_start_id(config: Any) -> int:
-    """The token a seq2seq decoder starts from: decoder_start_token_id, else the pad token, else 0."""
-    start = getattr(config, "decoder_start_token_id", None)
-    return int(start if start is not None else (config.pad_token_id or 0))
 
 
 def pick_device(device: str) -> torch.device:

@@ -8,15 +8,16 @@ from pathlib import Path
 from typing import Any
 
 from fedprompt.shared.methods import MethodConfig, num_parameters
+from fedprompt.shared.vocab import EncoderType, Method
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 # The public config.json of each model, vendored so the table needs no hub and no weights.
 TABLE_MODELS = ("bert-base-uncased", "roberta-base", "t5-base", "all-MiniLM-L6-v2")
 TABLE_METHODS: dict[str, dict[str, Any]] = {
-    "prompt tuning": {"method": "prompt_tuning"},
-    "P-tuning (MLP)": {"method": "p_tuning", "encoder_type": "mlp"},
-    "P-tuning (LSTM)": {"method": "p_tuning", "encoder_type": "lstm"},
-    "prefix tuning": {"method": "prefix_tuning"},
+    "prompt tuning": {"method": Method.PROMPT_TUNING},
+    "P-tuning (MLP)": {"method": Method.P_TUNING, "encoder_type": EncoderType.MLP},
+    "P-tuning (LSTM)": {"method": Method.P_TUNING, "encoder_type": EncoderType.LSTM},
+    "prefix tuning": {"method": Method.PREFIX_TUNING},
 }
 
 

@@ -4,31 +4,31 @@ checkpoint has no MLM head, mean-pool similarity with the label phrases."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
+from fedprompt.shared.vocab import Scoring
+from fedprompt.worker.engine.families import ScoreReading, adapter
 from fedprompt.worker.engine.model import Backbone
 from fedprompt.worker.engine.template import Template, Verbalizer
 from torch.nn import functional as F
 
-Scoring = Literal["auto", "tied-embeddings", "mean-pool"]
 # Cosine similarities × this scale are the label logits of mean-pool scoring (sentence-transformers'
 # contrastive losses use the same scale).
 SIMILARITY_SCALE = 20.0
 
 
-def resolve_scoring(scoring: Scoring, backbone: Backbone) -> Literal["label-words", "mean-pool"]:
+def resolve_scoring(scoring: Scoring | str, backbone: Backbone) -> ScoreReading:
     """How label scores are read. 'auto': the label words through the model's LM / MLM head when it has
     one, mean-pool similarity for an encoder whose checkpoint has none (e.g. all-MiniLM-L6-v2);
-    'tied-embeddings': the label words at [MASK] through the tied input embeddings even then."""
-    if scoring not in ("auto", "tied-embeddings", "mean-pool"):
-        raise ValueError(f"scoring must be auto, tied-embeddings or mean-pool; got {scoring!r}")
-    bare_encoder = backbone.family == "masked_lm" and backbone.full_model is None
-    if scoring == "mean-pool" and not bare_encoder:
-        raise ValueError("mean-pool scoring needs an encoder (a masked LM such as BERT or MiniLM)")
-    if scoring == "mean-pool" or (scoring == "auto" and bare_encoder and backbone.mlm_head is None):
-        return "mean-pool"
-    return "label-words"
+    'tied-embeddings': the label words at [MASK] through the tied input embeddings even then; the
+    backbone's family decides (worker/engine/families/)."""
+    try:
+        choice = Scoring(scoring)
+    except ValueError:
+        names = [str(s) for s in Scoring]
+        raise ValueError(f"scoring must be {', '.join(names[:-1])} or {names[-1]}; got {scoring!r}") from None
+    return adapter(backbone.family).resolve_scoring(choice, backbone)
 
 
 def _flatten(groups: Sequence[Sequence[str]]) -> list[str]:

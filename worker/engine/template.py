@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from fedprompt.shared.vocab import Family
+
 MASK_SLOT = "[MASK]"
 _PIECE = re.compile(r"(\{text\}|\{text_a\}|\{text_b\}|\[MASK\])")
 
@@ -56,15 +58,17 @@ class Template:
         template: str,
         tokenizer: Any,
         max_length: int,
-        family: Literal["masked_lm", "causal_lm", "seq2seq"] = "masked_lm",
+        family: str = Family.MASKED_LM,
     ) -> None:
+        # the family decides what stands for [MASK] and where the answer is read (worker/engine/families/)
+        from fedprompt.worker.engine.families import adapter
+
         if template.count(MASK_SLOT) != 1:
             raise TemplateError(f"template must contain exactly one {MASK_SLOT} slot; got {template!r}")
         self.family = family
-        self.mask_id = _mask_id(tokenizer, family)
-        if family == "causal_lm":
-            # The label word is the next token after the text before [MASK]; what follows [MASK] is never read.
-            template = template[: template.index(MASK_SLOT) + len(MASK_SLOT)]
+        self._adapter = adapter(family)
+        self.mask_id = self._adapter.mask_id(tokenizer)
+        template = self._adapter.template_text(template)
         slots = set(re.findall(r"\{(text|text_a|text_b)\}", template))
         if slots == {"text"}:
             self.task: Literal["single", "pair"] = "single"
@@ -90,7 +94,6 @@ class Template:
         }
         self._prefix, self._suffix = special_affixes(tokenizer)
         self._num_special = len(self._prefix) + len(self._suffix)
-        self._body_offset = len(self._prefix)
         # A literal "[MASK]" inside a user's text must not become a second mask.
         self._mask_substitute = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else 0
         fixed = sum(len(ids) for ids in self._literal_ids.values()) + 1 + self._num_special
@@ -195,31 +198,10 @@ class Template:
                     mask_at = len(body)
                     if self.mask_id is not None:
                         body.append(self.mask_id)
-            if self.mask_id is None:
-                # Causal LM: the logits at the last token before [MASK] predict the label word; no end tokens.
-                all_ids.append(self._prefix + body)
-                positions.append(self._body_offset + mask_at - 1)
-                continue
-            all_ids.append(self._prefix + body + self._suffix)
-            # Special tokens only wrap the body, so the mask moved by the number of leading specials.
-            positions.append(self._body_offset + mask_at)
+            ids, position = self._adapter.assemble(self._prefix, body, self._suffix, mask_at)
+            all_ids.append(ids)
+            positions.append(position)
         return Encoded(all_ids, positions)
-
-
-def _mask_id(tokenizer: Any, family: str) -> int | None:
-    """The token that stands for [MASK]: the mask token, T5's first sentinel, or none for a causal LM."""
-    if family == "causal_lm":
-        return None
-    if tokenizer.mask_token_id is not None:
-        return int(tokenizer.mask_token_id)
-    if family == "seq2seq":
-        sentinel = tokenizer.convert_tokens_to_ids("<extra_id_0>")
-        if sentinel is not None and sentinel != tokenizer.unk_token_id:
-            return int(sentinel)
-        raise TemplateError(
-            "the tokenizer has neither a mask token nor T5's <extra_id_0> sentinel for [MASK]"
-        )
-    raise TemplateError("the tokenizer has no mask token; a [MASK] template needs a masked LM")
 
 
 class Verbalizer:
