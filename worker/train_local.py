@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 import typer
 from fedprompt.shared.evalstats import macro_f1
 from fedprompt.shared.spec import DEFAULT_MODEL, PRECISION_HELP, check_precision, default_lr
+from fedprompt.shared.vocab import Scoring
 from fedprompt.worker.data.help import (
     DATA_HELP,
     LABEL_COLUMN_HELP,
@@ -95,7 +96,7 @@ def train_local_command(
         "or 'random'.",
     ),
     scoring: str = typer.Option(
-        "auto",
+        Scoring.AUTO,
         help="Label scores: auto (the LM/MLM head; mean-pool similarity for an encoder without one, e.g. "
         "MiniLM) | tied-embeddings | mean-pool.",
     ),
@@ -148,8 +149,13 @@ def train_local_command(
 
     if init not in ("vocab", "label", "random"):
         raise typer.BadParameter(f"--init must be 'vocab', 'label' or 'random'; got {init!r}")
-    if scoring not in ("auto", "tied-embeddings", "mean-pool"):
-        raise typer.BadParameter(f"--scoring must be auto, tied-embeddings or mean-pool; got {scoring!r}")
+    try:
+        scoring_choice = Scoring(scoring)
+    except ValueError:
+        names = [str(name) for name in Scoring]
+        raise typer.BadParameter(
+            f"--scoring must be {', '.join(names[:-1])} or {names[-1]}; got {scoring!r}"
+        ) from None
     try:
         check_precision(precision)
     except ValueError as exc:
@@ -266,7 +272,7 @@ def train_local_command(
                 seed=seed,
                 device=device,
                 num_threads=num_threads,
-                scoring=scoring,
+                scoring=scoring_choice,
                 precision=precision,  # type: ignore[arg-type]
             )
             load_s = time.perf_counter() - started
