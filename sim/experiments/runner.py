@@ -14,7 +14,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -289,7 +289,7 @@ def _run_process(args: list[str], log: Path) -> int:
         return subprocess.run(args, stdout=fh, stderr=subprocess.STDOUT, env=_env(), check=False).returncode
 
 
-def selected(params: dict[str, Any], where: dict[str, Collection[str]] | None) -> bool:
+def selected(params: dict[str, Any], where: Mapping[str, Collection[str]] | None) -> bool:
     """True when, for every key of `where`, the cell's grid value (as text) is one of its values."""
     return where is None or all(str(params.get(k)) in {str(v) for v in vals} for k, vals in where.items())
 
@@ -302,7 +302,7 @@ def run_experiment(
     runner: Runner = _run_process,
     limit: int | None = None,
     seeds: Collection[int] | None = None,
-    where: dict[str, Collection[str]] | None = None,
+    where: Mapping[str, Collection[str]] | None = None,
     committed: dict[str, dict[str, Any]] | None = None,
     committed_warm: Path | None = None,
     track: str | None = None,
