@@ -9,6 +9,17 @@ import numpy as np
 from fedprompt.shared import drift
 from fedprompt.shared.methods import PROMPT_TENSOR, MethodConfig, MethodError, num_parameters
 from fedprompt.shared.methods import tensor_shapes as method_tensor_shapes
+from fedprompt.shared.vocab import (
+    SERVER_OPTIMIZER_DEFAULTS,
+    AggregationRule,
+    DriftCorrection,
+    EncoderType,
+    Family,
+    Method,
+    Scoring,
+    ServerOptimizer,
+    by_text,
+)
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -48,7 +59,9 @@ def default_lr(scoring: str, model: str | None = None) -> float:
     `fedprompt federation create`, simulate): mean-pool scoring (asked for, or "auto" on a checkpoint
     without an MLM head such as the default MiniLM) learns at 0.01, label words through a head at 0.3."""
     headless = model is not None and model.rstrip("/").rsplit("/", 1)[-1] in HEADLESS_ENCODERS
-    return MEAN_POOL_LR if scoring == "mean-pool" or (scoring == "auto" and headless) else PAPER_LR
+    return (
+        MEAN_POOL_LR if scoring == Scoring.MEAN_POOL or (scoring == Scoring.AUTO and headless) else PAPER_LR
+    )
 
 
 # A name (of a federation, of a client): no control characters (NUL, newlines, escapes: Unicode's Cc),
@@ -62,15 +75,26 @@ __all__ = [
     "FederationSpec",
     "SecureAggregationSpec",
     "ServerOptimizerSpec",
+    "check_secure_aggregation",
     "initial_prompt",
 ]
+
+# The spec's fields of the vocabulary's names (shared/vocab.py), taken from their text.
+FamilyName = by_text(Family)
+MethodName = by_text(Method)
+EncoderTypeName = by_text(EncoderType)
+ScoringName = by_text(Scoring)
+DriftCorrectionName = by_text(DriftCorrection)
+# the optimisers with defaults in SERVER_OPTIMIZER_DEFAULTS, each with its update rule in
+# coordinator/logic/server_optim.py (tests/shared/test_server_optimizer_registry.py checks both)
+ServerOptimizerName = by_text(ServerOptimizer, SERVER_OPTIMIZER_DEFAULTS)
 
 
 class AggregationSpec(BaseModel):
     """A named aggregation rule and its parameters."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field("fedavg", description="Registered aggregation rule, e.g. 'fedavg'.")
+    name: str = Field(AggregationRule.FEDAVG, description="Registered aggregation rule, e.g. 'fedavg'.")
     params: dict[str, float | int | str] = Field(default_factory=dict)
 
 
@@ -159,30 +183,17 @@ class SecureAggregationSpec(BaseModel):
     )
 
 
-# Hyper-parameters each server optimiser takes and their defaults: Flower's strategies of the same names
-# (FedAvgM: server_learning_rate, server_momentum; FedAdagrad/FedAdam/FedYogi: eta, beta_1, beta_2, tau),
-# except FedAvgM's momentum (Flower: 0, which is FedAvg; here 0.9) and tau (Flower's current default 1e-3
-# for all three; its older flwr.server.strategy FedAdam and FedAdagrad default to 1e-9).
-SERVER_OPTIMIZER_DEFAULTS: dict[str, dict[str, float]] = {
-    "fedavg": {},
-    "fedavgm": {"lr": 1.0, "momentum": 0.9},
-    "fedadagrad": {"lr": 0.1, "beta1": 0.0, "tau": 1e-3},
-    "fedadam": {"lr": 0.1, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3},
-    "fedyogi": {"lr": 0.01, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3},
-}
-
-
 class ServerOptimizerSpec(BaseModel):
     """A server-side optimiser applied to each round's aggregate (Reddi et al., ICLR 2021).
 
     The pseudo-gradient Δ = aggregate − previous global prompt is the optimiser's step direction;
     its state (momentum, second moments) is kept in the database from round to round. Unset
-    hyper-parameters take the optimiser's defaults (SERVER_OPTIMIZER_DEFAULTS), and the stored spec
-    records the values used. Update rules: coordinator/logic/server_optim.py.
+    hyper-parameters take the optimiser's defaults (SERVER_OPTIMIZER_DEFAULTS, shared/vocab.py), and the
+    stored spec records the values used. Update rules: coordinator/logic/server_optim.py.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    name: Literal["fedavg", "fedavgm", "fedadagrad", "fedadam", "fedyogi"] = Field(
+    name: ServerOptimizerName = Field(
         ...,
         description="fedavg: the aggregate is the next prompt (no server optimiser, the same as null); "
         "fedavgm: m = momentum·m + Δ, x += lr·m; fedadagrad / fedadam / fedyogi: adaptive steps "
@@ -220,7 +231,7 @@ class ServerOptimizerSpec(BaseModel):
         given = [key for key in ("lr", "momentum", "beta1", "beta2", "tau") if getattr(self, key) is not None]
         extra = [key for key in given if key not in takes]
         if extra:
-            if self.name == "fedavg":
+            if self.name == ServerOptimizer.FEDAVG:
                 raise ValueError(
                     f"fedavg takes no server hyper-parameters (the aggregate is the next prompt); "
                     f"remove {extra}, or choose fedavgm for a server learning rate and momentum"
@@ -228,7 +239,7 @@ class ServerOptimizerSpec(BaseModel):
             hint = ""
             if "momentum" in extra:
                 hint = " (the adaptive optimisers' momentum is beta1)"
-            elif "beta2" in extra and self.name == "fedadagrad":
+            elif "beta2" in extra and self.name == ServerOptimizer.FEDADAGRAD:
                 hint = " (fedadagrad's second moment is a plain sum, v = v + Δ²)"
             raise ValueError(f"{self.name} takes {list(takes)}, not {extra}{hint}")
         for key, value in takes.items():
@@ -246,8 +257,8 @@ class DriftCorrectionSpec(BaseModel):
     own optimum). Update rules: shared/drift.py."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    name: Literal["none", "fedprox", "scaffold"] = Field(
-        "none",
+    name: DriftCorrectionName = Field(
+        DriftCorrection.NONE,
         description="none: plain local steps; fedprox: the proximal term "
         "(mu/2)·‖w − w_t‖² pulls the local prompt towards the round's global prompt; scaffold: each "
         "local gradient is corrected by c − c_i, the server's control variate minus the client's own "
@@ -267,9 +278,9 @@ class DriftCorrectionSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> DriftCorrectionSpec:
-        if self.name != "fedprox" and self.mu is not None:
+        if self.name != DriftCorrection.FEDPROX and self.mu is not None:
             raise ValueError(f"mu is FedProx's proximal weight; {self.name} takes no mu")
-        if self.name == "fedprox" and self.mu is None:
+        if self.name == DriftCorrection.FEDPROX and self.mu is None:
             self.mu = 0.01
         if not self.balanced_loss and self.tau != 1.0:  # a stored spec repeats the default
             raise ValueError("tau is the balanced loss's weight; set balanced_loss: true to use it")
@@ -278,11 +289,11 @@ class DriftCorrectionSpec(BaseModel):
     @property
     def prox_mu(self) -> float:
         """μ of the proximal term (0 unless fedprox)."""
-        return float(self.mu or 0.0) if self.name == "fedprox" else 0.0
+        return float(self.mu or 0.0) if self.name == DriftCorrection.FEDPROX else 0.0
 
     @property
     def scaffold(self) -> bool:
-        return self.name == "scaffold"
+        return self.name == DriftCorrection.SCAFFOLD
 
 
 class FederationSpec(BaseModel):
@@ -298,12 +309,12 @@ class FederationSpec(BaseModel):
         description="What the fingerprint hashes (architecture, hidden size, layers, vocabulary size, file "
         "hashes); a worker whose model differs names the differing fields.",
     )
-    family: Literal["masked_lm", "causal_lm", "seq2seq"] = Field(
-        "masked_lm",
+    family: FamilyName = Field(
+        Family.MASKED_LM,
         description="How label words are read: at [MASK] (masked LM), as the next token after the text "
         "before [MASK] (causal LM), or as the first decoder token (seq2seq).",
     )
-    method: Literal["prompt_tuning", "p_tuning", "prefix_tuning"] = "prompt_tuning"
+    method: MethodName = Method.PROMPT_TUNING
     num_virtual_tokens: int = Field(20, ge=1, le=1024)
     hidden_size: int = Field(384, ge=1, le=65536, description="Hidden size of the PLM (MiniLM: 384).")
     num_layers: int | None = Field(
@@ -319,7 +330,7 @@ class FederationSpec(BaseModel):
         description="Width of one layer's key/value states, for prefix tuning: num_key_value_heads × head_dim "
         "for a model with grouped-query attention (SmolLM2: 3 × 64); default hidden_size.",
     )
-    encoder_type: Literal["mlp", "lstm"] = Field("mlp", description="P-tuning's prompt encoder.")
+    encoder_type: EncoderTypeName = Field(EncoderType.MLP, description="P-tuning's prompt encoder.")
     encoder_hidden_size: int | None = Field(
         None, ge=1, le=65536, description="Hidden size of the prompt encoder (default: hidden_size)."
     )
@@ -327,8 +338,8 @@ class FederationSpec(BaseModel):
     prefix_projection: bool = Field(
         False, description="Prefix tuning re-parameterised by an MLP (then the MLP is communicated)."
     )
-    scoring: Literal["auto", "tied-embeddings", "mean-pool"] = Field(
-        "auto",
+    scoring: ScoringName = Field(
+        Scoring.AUTO,
         description="How label scores are read: auto = the label words through the model's LM / MLM head, "
         "or, for an encoder whose checkpoint has no MLM head (all-MiniLM-L6-v2), mean-pool similarity: "
         "20 × cosine of the mean-pooled output with each label phrase (the template's words with [MASK] "
@@ -411,7 +422,7 @@ class FederationSpec(BaseModel):
     def _default_lr(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("lr") is None:
             model = data.get("model", DEFAULT_MODEL)
-            data = {**data, "lr": default_lr(str(data.get("scoring", "auto")), str(model))}
+            data = {**data, "lr": default_lr(str(data.get("scoring", Scoring.AUTO)), str(model))}
         return data
 
     @model_validator(mode="after")
@@ -434,17 +445,7 @@ class FederationSpec(BaseModel):
                 f"labels has {len(self.labels)} names but the verbalizer {len(self.verbalizer)} labels"
             )
         if self.secure_aggregation is not None:
-            if self.aggregation.name != "fedavg":
-                raise ValueError(
-                    f"secure_aggregation cannot be combined with the {self.aggregation.name} rule: the "
-                    "coordinator sees only the sum of the masked updates, and a robust rule needs each "
-                    "update; use fedavg (optionally with a server optimiser) or drop secure_aggregation"
-                )
-            if self.min_clients < 3:
-                raise ValueError(
-                    "secure_aggregation needs min_clients of at least 3: with two clients each could "
-                    "subtract its own update from the mean and learn the other's"
-                )
+            check_secure_aggregation(self.aggregation.name, self.min_clients)
         if self.scaffold:
             for clash, why in (
                 (
@@ -452,7 +453,10 @@ class FederationSpec(BaseModel):
                     "secure_aggregation (the coordinator would see each Δc_i)",
                 ),
                 (self.privacy is not None, "local DP (each Δc_i would leave the client unprotected)"),
-                (self.aggregation.name != "fedavg", f"the {self.aggregation.name} rule (Δc_i are averaged)"),
+                (
+                    self.aggregation.name != AggregationRule.FEDAVG,
+                    f"the {self.aggregation.name} rule (Δc_i are averaged)",
+                ),
             ):
                 if clash:
                     raise ValueError(
@@ -521,6 +525,31 @@ class FederationSpec(BaseModel):
 
 
 STALE_HEARTBEATS = 3  # heartbeats a site may miss before it is shown stale
+SECURE_AGGREGATION_MIN_CLIENTS = 3  # with two, each could subtract its own update from the mean
+
+
+def check_secure_aggregation(
+    rule: str,
+    clients: int,
+    *,
+    option: str = "secure_aggregation",
+    rule_option: str = "the {} rule",
+    clients_option: str = "min_clients",
+) -> None:
+    """Secure aggregation's conditions, for a spec and for `fedprompt simulate`'s options: the fedavg
+    aggregation rule and at least 3 clients. ValueError otherwise, naming the spec's fields, or the
+    caller's (`rule_option` formats the rule's name)."""
+    if rule != AggregationRule.FEDAVG:
+        raise ValueError(
+            f"{option} cannot be combined with {rule_option.format(rule)}: the coordinator sees only the "
+            "sum of the masked updates, and a robust rule needs each update; use fedavg (optionally with "
+            f"a server optimiser) or drop {option}"
+        )
+    if clients < SECURE_AGGREGATION_MIN_CLIENTS:
+        raise ValueError(
+            f"{option} needs {clients_option} of at least {SECURE_AGGREGATION_MIN_CLIENTS}: with two "
+            "clients each could subtract its own update from the mean and learn the other's"
+        )
 
 
 def heartbeat_interval(availability_timeout_s: float) -> float:

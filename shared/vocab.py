@@ -3,12 +3,46 @@ compare against, defined once.
 
 Each is a `StrEnum`, so a member equals its text ("open" == RoundState.OPEN), is stored and sent as
 that text, and pydantic models typed with it validate and document (OpenAPI `enum`) the same values.
-Code that checks or compares one of these names uses the member, never the literal.
+Code that checks or compares one of these names uses the member, never the literal. A pydantic field
+that takes one of them from JSON or a dict is typed `by_text(TheEnum)`: pydantic's strict validation
+(the API's) takes only a member from Python input, never its text.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from enum import StrEnum
+from typing import Annotated, Any, TypeVar
+
+from pydantic import ValidatorFunctionWrapHandler, WrapValidator
+from pydantic_core import PydanticCustomError
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def choices(names: Collection[str], *, quote: bool = True) -> str:
+    """The names as pydantic's messages list a Literal's values, "'a', 'b' or 'c'" (or a, b or c)."""
+    quoted = [repr(str(name)) if quote else str(name) for name in names]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+def by_text(enum: type[E], names: Collection[str] | None = None) -> Any:
+    """`enum` as a pydantic field type: a member, or a member's text (strict validation included), is
+    taken as the member; anything else is refused with "Input should be 'a', 'b' or 'c'", the message
+    of a Literal of the values. The JSON schema is the enum's (its values under `enum`).
+
+    `names`, read at each validation, are the names taken (default: the members'); one that is no
+    member is kept as its text (a name registered beside the vocabulary, as in a test)."""
+
+    def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        if isinstance(value, enum):
+            return handler(value)
+        accepted = [m.value for m in enum] if names is None else list(names)
+        if isinstance(value, str) and value in accepted:
+            return enum._value2member_map_.get(value, value)
+        raise PydanticCustomError("enum", "Input should be {expected}", {"expected": choices(accepted)})
+
+    return Annotated[enum, WrapValidator(validate)]
 
 
 class Family(StrEnum):
@@ -43,13 +77,31 @@ class Scoring(StrEnum):
 
 
 class ServerOptimizer(StrEnum):
-    """Server-side optimisers of a round's aggregate (coordinator/logic/server_optim.py registers each)."""
+    """Server-side optimisers of a round's aggregate (hyper-parameters and their defaults:
+    SERVER_OPTIMIZER_DEFAULTS, shared/vocab.py; update rules: coordinator/logic/server_optim.py)."""
 
     FEDAVG = "fedavg"
     FEDAVGM = "fedavgm"
     FEDADAGRAD = "fedadagrad"
     FEDADAM = "fedadam"
     FEDYOGI = "fedyogi"
+
+
+# The hyper-parameters each server optimiser takes and their defaults, one row per ServerOptimizer (a
+# new optimiser: its member above, its row here, its update rule registered in
+# coordinator/logic/server_optim.py). Flower's strategies of the same names (FedAvgM:
+# server_learning_rate, server_momentum; FedAdagrad/FedAdam/FedYogi: eta, beta_1, beta_2, tau), except
+# FedAvgM's momentum (Flower: 0, which is FedAvg; here 0.9) and tau (Flower's current default 1e-3 for
+# all three; its older flwr.server.strategy FedAdam and FedAdagrad default to 1e-9).
+SERVER_OPTIMIZER_DEFAULTS: dict[str, dict[str, float]] = {
+    ServerOptimizer.FEDAVG: {},
+    ServerOptimizer.FEDAVGM: {"lr": 1.0, "momentum": 0.9},
+    ServerOptimizer.FEDADAGRAD: {"lr": 0.1, "beta1": 0.0, "tau": 1e-3},
+    ServerOptimizer.FEDADAM: {"lr": 0.1, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3},
+    ServerOptimizer.FEDYOGI: {"lr": 0.01, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3},
+}
+if list(SERVER_OPTIMIZER_DEFAULTS) != list(ServerOptimizer):
+    raise RuntimeError("SERVER_OPTIMIZER_DEFAULTS needs one row per ServerOptimizer, in its order")
 
 
 class DriftCorrection(StrEnum):

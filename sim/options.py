@@ -10,8 +10,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedprompt.shared.methods import METHODS
-from fedprompt.shared.spec import FederationSpec, check_precision, default_lr
+from fedprompt.shared.spec import (
+    SECURE_AGGREGATION_MIN_CLIENTS,
+    FederationSpec,
+    check_precision,
+    check_secure_aggregation,
+    default_lr,
+)
+from fedprompt.shared.vocab import (
+    AggregationRule,
+    DriftCorrection,
+    EncoderType,
+    Method,
+    Scoring,
+    ServerOptimizer,
+    choices,
+)
 from fedprompt.sim.data_options import Dataset, resolve_data
 
 __all__ = ["Dataset", "SimulateOptions", "federation_spec", "validate"]
@@ -111,7 +125,7 @@ def parse_server_optimizer(text: str) -> dict[str, Any] | None:
     from pydantic import ValidationError
 
     parsed = parse_aggregation(text, "--server-optimizer", "fedadam:lr=0.1")
-    if parsed["name"] == "fedavg" and not parsed["params"]:
+    if parsed["name"] == ServerOptimizer.FEDAVG and not parsed["params"]:
         return None
     fields = {"name": parsed["name"], **parsed["params"]}
     try:
@@ -129,10 +143,10 @@ def parse_drift_correction(text: str) -> dict[str, Any] | None:
     from pydantic import ValidationError
 
     parsed = parse_aggregation(text, "--drift-correction", "fedprox:mu=0.01")
-    if parsed["name"] == "none" and not parsed["params"]:
+    if parsed["name"] == DriftCorrection.NONE and not parsed["params"]:
         return None
     if parsed["name"] == "balanced":  # the balanced loss alone: 'balanced' or 'balanced:tau=0.5'
-        parsed = {"name": "none", "params": {"balanced_loss": True, **parsed["params"]}}
+        parsed = {"name": DriftCorrection.NONE, "params": {"balanced_loss": True, **parsed["params"]}}
     try:
         checked = DriftCorrectionSpec.model_validate({"name": parsed["name"], **parsed["params"]})
         return checked.model_dump(exclude_none=True, exclude_defaults=True) | {"name": checked.name}
@@ -178,26 +192,26 @@ def check_attack_options(opts: SimulateOptions) -> None:
     check_params(agg["name"], agg["params"])
     parse_server_optimizer(opts.server_optimizer)
     drift = parse_drift_correction(opts.drift_correction)
-    if drift is not None and drift["name"] == "scaffold":
+    if drift is not None and drift["name"] == DriftCorrection.SCAFFOLD:
         clash = [
             what
             for what, on in (
                 ("--secure-aggregation", opts.secure_aggregation),
                 ("--ldp-epsilon", opts.ldp_epsilon is not None),
-                (f"--aggregation {agg['name']}", agg["name"] != "fedavg"),
+                (f"--aggregation {agg['name']}", agg["name"] != AggregationRule.FEDAVG),
             )
             if on
         ]
         if clash:
             raise ValueError(f"--drift-correction scaffold cannot be combined with {clash[0]}; use fedprox")
-    if opts.secure_aggregation:
-        if agg["name"] != "fedavg":
-            raise ValueError(
-                f"--secure-aggregation cannot be combined with --aggregation {agg['name']}: the coordinator "
-                "sees only the sum of masked updates, a robust rule needs each update"
-            )
-        if opts.clients < 3:
-            raise ValueError(f"--secure-aggregation needs at least 3 clients; got {opts.clients}")
+    if opts.secure_aggregation:  # the spec's rule, in the options' names
+        check_secure_aggregation(
+            agg["name"],
+            opts.clients,
+            option="--secure-aggregation",
+            rule_option="--aggregation {}",
+            clients_option="--clients",
+        )
     if opts.secagg_clip is not None and not opts.secagg_clip > 0:
         raise ValueError(f"--secagg-clip must be positive; got {opts.secagg_clip}")
     if opts.init not in ("vocab", "label"):
@@ -219,13 +233,14 @@ def check_method_options(opts: SimulateOptions) -> None:
     """Refuse an unknown prompt method or encoder, or a starting prompt that is not a file."""
     if opts.init_prompt is not None and not opts.init_prompt.is_file():
         raise ValueError(f"--init-prompt {opts.init_prompt} is not a file")
-    if opts.scoring not in ("auto", "tied-embeddings", "mean-pool"):
-        raise ValueError(f"--scoring must be auto, tied-embeddings or mean-pool; got {opts.scoring!r}")
+    scorings, encoders = [s.value for s in Scoring], [e.value for e in EncoderType]
+    if opts.scoring not in scorings:
+        raise ValueError(f"--scoring must be {choices(scorings, quote=False)}; got {opts.scoring!r}")
     check_precision(opts.precision)
-    if opts.method not in METHODS or opts.encoder_type not in ("mlp", "lstm"):
+    if opts.method not in [m.value for m in Method] or opts.encoder_type not in encoders:
         raise ValueError(
-            f"--method must be one of {', '.join(METHODS)} and --encoder-type mlp or lstm "
-            f"(got {opts.method!r}, {opts.encoder_type!r})"
+            f"--method must be one of {', '.join(Method)} and --encoder-type "
+            f"{choices(encoders, quote=False)} (got {opts.method!r}, {opts.encoder_type!r})"
         )
 
 
@@ -293,7 +308,7 @@ def build_spec(
         rounds=rounds,
         fraction=fraction,
         # secure aggregation needs three clients in every round (two could each learn the other's update)
-        min_clients=3 if secure_aggregation is not None else 1,
+        min_clients=SECURE_AGGREGATION_MIN_CLIENTS if secure_aggregation is not None else 1,
         expected_clients=clients,
         quorum=1,
         round_deadline_s=round_deadline,
@@ -303,7 +318,7 @@ def build_spec(
         batch_size=batch_size,
         lr=lr,
         seed=seed,
-        aggregation=aggregation or {"name": "fedavg", "params": {}},
+        aggregation=aggregation or {"name": AggregationRule.FEDAVG, "params": {}},
         privacy=privacy,
         server_optimizer=server_optimizer,
         secure_aggregation=secure_aggregation,
@@ -337,9 +352,9 @@ def model_facts(
     facts = {
         **method,
         # the scoring the engine resolved, so the spec says exactly how labels were read
-        "scoring": "mean-pool"
-        if engine.scoring == "mean-pool"
-        else ("tied-embeddings" if engine.head == "tied-embeddings" else "auto"),
+        "scoring": Scoring.MEAN_POOL
+        if engine.scoring == Scoring.MEAN_POOL
+        else (Scoring.TIED_EMBEDDINGS if engine.head == Scoring.TIED_EMBEDDINGS else Scoring.AUTO),
         "family": engine.family,
         "num_layers": engine.method_config.num_layers,
         "kv_size": engine.method_config.kv_size,
