@@ -14,7 +14,12 @@ from collections.abc import Collection
 from enum import StrEnum
 from typing import Annotated, Any, TypeVar
 
-from pydantic import ValidatorFunctionWrapHandler, WrapValidator
+from pydantic import (
+    SerializerFunctionWrapHandler,
+    ValidatorFunctionWrapHandler,
+    WrapSerializer,
+    WrapValidator,
+)
 from pydantic_core import PydanticCustomError
 
 E = TypeVar("E", bound=StrEnum)
@@ -32,7 +37,7 @@ def by_text(enum: type[E], names: Collection[str] | None = None) -> Any:
     of a Literal of the values. The JSON schema is the enum's (its values under `enum`).
 
     `names`, read at each validation, are the names taken (default: the members'); one that is no
-    member is kept as its text (a name registered beside the vocabulary, as in a test)."""
+    member is kept, and written, as its text (a name registered beside the vocabulary, as in a test)."""
 
     def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         if isinstance(value, enum):
@@ -42,7 +47,10 @@ def by_text(enum: type[E], names: Collection[str] | None = None) -> Any:
             return enum._value2member_map_.get(value, value)
         raise PydanticCustomError("enum", "Input should be {expected}", {"expected": choices(accepted)})
 
-    return Annotated[enum, WrapValidator(validate)]
+    def serialize(value: Any, handler: SerializerFunctionWrapHandler) -> Any:
+        return handler(value) if isinstance(value, enum) else str(value)
+
+    return Annotated[enum, WrapValidator(validate), WrapSerializer(serialize)]
 
 
 class Family(StrEnum):

@@ -15,9 +15,11 @@ including their choices where the paper leaves room: m and v start at zero (not 
 momentum β1 is 0 unless set, and only FedAdam corrects the bias of its moments, through its step size
 η_t (see `fedadam`); FedAdagrad and FedYogi do not. FedAvgM with β = 0 and η = 1 is FedAvg.
 
-Every function takes the global tensors x_t, the average and the state after the previous step
-(empty before the first) and returns the new global tensors, cast back to x_t's dtype, and the new
-state: float64 arrays named ``m/<tensor>`` and ``v/<tensor>`` plus ``step``, the number of steps
+Every rule is registered under its ServerOptimizer name (`register`, as the aggregation rules are),
+with keyword-only hyper-parameters named as in its SERVER_OPTIMIZER_DEFAULTS row (shared/vocab.py): a
+new optimiser is its name and defaults there and its rule here. Every rule takes the global tensors x_t,
+the average and the state after the previous step (empty before the first) and returns the new global
+tensors, cast back to x_t's dtype, and the new state: float64 arrays named ``m/<tensor>`` and ``v/<tensor>`` plus ``step``, the number of steps
 taken (a 0-d int64 array; step t is round t's). Arithmetic is float64. No I/O except `encode_state`
 and `decode_state`, which turn a state into safetensors bytes and back for the database.
 """
@@ -31,6 +33,7 @@ from typing import Any
 
 import numpy as np
 from fedprompt.coordinator.logic.aggregation import AggregationError
+from fedprompt.shared.vocab import ServerOptimizer
 from safetensors.numpy import load as _st_load
 from safetensors.numpy import save as _st_save
 
@@ -118,6 +121,41 @@ def _check_rates(**values: float) -> None:
         raise ServerOptimizerError(f"tau must be positive; got {values['tau']}")
 
 
+Rule = Callable[..., ServerStep]
+_OPTIMIZERS: dict[str, Rule] = {}
+
+
+def register(name: str) -> Callable[[Rule], Rule]:
+    """Register a server optimiser's update rule under the name a ServerOptimizerSpec gives it."""
+
+    def deco(fn: Rule) -> Rule:
+        _OPTIMIZERS[name] = fn
+        return fn
+
+    return deco
+
+
+def available_optimizers() -> list[str]:
+    """Names of the registered server optimisers."""
+    return sorted(_OPTIMIZERS)
+
+
+def hyperparameters(name: str) -> list[str]:
+    """The hyper-parameters the named optimiser's rule takes (its keyword-only parameters)."""
+    rule = _OPTIMIZERS[name]
+    return [p.name for p in inspect.signature(rule).parameters.values() if p.kind is p.KEYWORD_ONLY]
+
+
+@register(ServerOptimizer.FEDAVG)
+def fedavg(x: Tensors, average: Tensors, state: State) -> ServerStep:
+    """No server optimiser: the average is the next global prompt (x = x + Δ), and no moments are kept.
+    (The round cycle does not call it: a fedavg round records no server step.)"""
+    _, _, t = _prepare(x, average, state, ())
+    moved = {name: np.asarray(average[name], np.float64) for name in x}
+    return _finish(x, moved, {}, t)
+
+
+@register(ServerOptimizer.FEDAVGM)
 def fedavgm(x: Tensors, average: Tensors, state: State, *, lr: float, momentum: float) -> ServerStep:
     """FedAvgM, Flower's `FedAvgM(server_learning_rate=lr, server_momentum=momentum)`:
     m = momentum·m + Δ (m = Δ on the first step), x = x + lr·m."""
@@ -149,6 +187,7 @@ def _adaptive(
     return _finish(x, moved, {"m": m, "v": v}, t)
 
 
+@register(ServerOptimizer.FEDADAGRAD)
 def fedadagrad(
     x: Tensors, average: Tensors, state: State, *, lr: float, beta1: float, tau: float
 ) -> ServerStep:
@@ -167,6 +206,7 @@ def fedadagrad(
     )
 
 
+@register(ServerOptimizer.FEDADAM)
 def fedadam(
     x: Tensors, average: Tensors, state: State, *, lr: float, beta1: float, beta2: float, tau: float
 ) -> ServerStep:
@@ -190,6 +230,7 @@ def fedadam(
     )
 
 
+@register(ServerOptimizer.FEDYOGI)
 def fedyogi(
     x: Tensors, average: Tensors, state: State, *, lr: float, beta1: float, beta2: float, tau: float
 ) -> ServerStep:
@@ -208,25 +249,17 @@ def fedyogi(
     )
 
 
-OPTIMIZERS: dict[str, Callable[..., ServerStep]] = {
-    "fedavgm": fedavgm,
-    "fedadagrad": fedadagrad,
-    "fedadam": fedadam,
-    "fedyogi": fedyogi,
-}
-
-
 def server_step(
     name: str, x: Tensors, average: Tensors, state: State, params: Mapping[str, Any]
 ) -> ServerStep:
     """Run the named optimiser with its hyper-parameters (every one it takes, none it does not)."""
     try:
-        optimizer = OPTIMIZERS[name]
+        optimizer = _OPTIMIZERS[name]
     except KeyError:
         raise ServerOptimizerError(
-            f"unknown server optimiser '{name}'; available: {sorted(OPTIMIZERS)}"
+            f"unknown server optimiser '{name}'; available: {available_optimizers()}"
         ) from None
-    takes = [p.name for p in inspect.signature(optimizer).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    takes = hyperparameters(name)
     if sorted(params) != sorted(takes):
         raise ServerOptimizerError(
             f"bad parameters for server optimiser '{name}': it takes {takes}, got {sorted(params)}"
