@@ -88,13 +88,10 @@ def test_verdict_and_learned_placeholders(tmp_path: Path) -> None:
         "does not hold"
     )
     assert (
-        fill("{{learned @ arm=a}}", config, records)
-        == "learned (73.0 %, 95 % CI 70.5–75.5, majority 50.0 %)"
+        fill("{{learned @ arm=a}}", config, records) == "learned (73.0 %, 95 % CI 70.5–75.5, majority 50.0 %)"
     )
 
-    collapsed = [
-        r if r["cell"] != "arm-b_seed-1" else _record("b", 1, 0.5, collapsed=1.0) for r in records
-    ]
+    collapsed = [r if r["cell"] != "arm-b_seed-1" else _record("b", 1, 0.5, collapsed=1.0) for r in records]
     assert fill("{{verdict: final_accuracy @ arm=a - arm=b > 0}}", config, collapsed).startswith(
         "not learned (the second at its majority class or collapsed"
     )
