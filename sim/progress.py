@@ -14,6 +14,24 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 # How long a closed round's row waits for every active client's evaluation before it is printed anyway.
 EVAL_GRACE_S = 300.0
+# Without a terminal (a log, CI): how often the training clients' steps are read from their heartbeats.
+STEPS_EVERY_S = 30.0
+
+
+def training_line(clients: list[dict[str, Any]], number: int) -> str | None:
+    """The selected clients' local steps in round `number`, as their last heartbeats told them (one
+    plain line for a log), or None when none has said it trains in that round."""
+    steps = total = training = 0
+    for client in clients:
+        said = client.get("activity") or {}
+        if said.get("phase") != "training" or said.get("round") != number or said.get("total_steps") is None:
+            continue
+        training += 1
+        steps += int(said.get("step") or 0)
+        total += int(said["total_steps"])
+    if not training:
+        return None
+    return f"round {number}: {training} client{'s' if training > 1 else ''} training, local steps {steps}/{total}"
 
 
 def follow(
@@ -30,6 +48,7 @@ def follow(
     closed_seen: dict[int, float] = {}
     memory: dict[int, dict[str, int | None]] = {}  # round -> rss_bytes and peak_rss_bytes at its close
     last_line = ""  # without a terminal (a log): the progress as lines, one per round, attempt or upload
+    last_steps, steps_read = "", 0.0  # and the training clients' local steps every STEPS_EVERY_S
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -66,6 +85,12 @@ def follow(
             if line and line != last_line and not console.is_terminal:  # a log: a line per change
                 progress.console.print(line, soft_wrap=True)
                 last_line = line
+            if open_round and not console.is_terminal and time.monotonic() - steps_read >= STEPS_EVERY_S:
+                steps_read = time.monotonic()
+                steps = training_line(admin.clients(fid), int(open_round["round"]))
+                if steps and steps != last_steps:
+                    progress.console.print(steps, soft_wrap=True)
+                    last_steps = steps
             active = status["clients"]["active"]
             for record in round_records(history, spec):
                 r = record["round"]
