@@ -124,11 +124,17 @@ def _series(metric: str, done: list[dict[str, Any]]) -> str:
 
 def unwrap(text: str) -> str:
     """Config prose as markdown: the lines of a paragraph or list item joined (YAML wraps them at
-    its own width; the figures filled in change the lengths), blank lines and items kept."""
+    its own width; the figures filled in change the lengths), blank lines, items and table rows kept."""
     out: list[str] = []
     for line in text.strip().splitlines():
         line = line.strip()
-        if not line or line.startswith(("- ", "* ")) or not out or not out[-1]:
+        if (
+            not line
+            or line.startswith(("- ", "* ", "|"))
+            or not out
+            or not out[-1]
+            or out[-1].startswith("|")
+        ):
             out.append(line)
         else:
             out[-1] += " " + line

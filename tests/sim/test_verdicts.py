@@ -99,3 +99,17 @@ def test_verdict_and_learned_placeholders(tmp_path: Path) -> None:
     assert ", 1 of 3 collapsed)" in fill("{{learned @ arm=b}}", config, collapsed)
     with pytest.raises(ConfigError, match="must read 'A - B > δ'"):
         fill("{{verdict: final_accuracy @ arm=a - arm=b}}", config, records)
+
+
+def test_table_rows_in_prose_stay_rows(tmp_path: Path) -> None:
+    path = tmp_path / "skew.yaml"
+    path.write_text(CONFIG)
+    config = load_config(path)
+    records = [_record("a", 0, 0.7)]
+    text = (
+        "Intro\nwrapped.\n\n| arm | acc |\n|---|---|\n| a | {{final_accuracy @ arm=a}} |\nAfter\nthe table."
+    )
+    assert (
+        fill(text, config, records)
+        == "Intro wrapped.\n\n| arm | acc |\n|---|---|\n| a | 70.0 |\nAfter the table."
+    )
