@@ -16,7 +16,8 @@ try:  # typer carries its own copy of click
     from typer._click.core import Context
     from typer._click.exceptions import BadParameter
 except ImportError:  # pragma: no cover - a typer that uses click itself
-    from click import BadParameter, Context
+    # mypy checks against the pinned typer, which carries its own click: to it, click's classes are others
+    from click import BadParameter, Context  # type: ignore[assignment]
 
 from fedprompt import __version__
 
@@ -51,7 +52,7 @@ VersionOption = typer.Option(
 
 def rewrite(args: Sequence[str], aliases: Mapping[str, str]) -> list[str]:
     """`args` with every old option spelling (`--url`, `--url=X`) replaced by its current name."""
-    out = []
+    out: list[str] = []
     for arg in args:
         if arg == "--":
             out += list(args[len(out) :])

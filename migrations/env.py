@@ -5,13 +5,14 @@ from __future__ import annotations
 from alembic import context
 from fedprompt.coordinator.db import WRITE_OPTION, Base, make_engine
 from sqlalchemy import text
+from sqlalchemy.engine import Connection
 
 config = context.config
 target_metadata = Base.metadata
 _LOCK_ID = 0x6665_6470  # Postgres advisory lock: one migrator at a time across processes
 
 
-def _run(connection) -> None:  # type: ignore[no-untyped-def]
+def _run(connection: Connection) -> None:
     connection = connection.execution_options(**{WRITE_OPTION: True})  # SQLite: BEGIN IMMEDIATE
     context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
     with context.begin_transaction():
@@ -26,7 +27,10 @@ def run_migrations_online() -> None:
     if connection is not None:
         _run(connection)
         return
-    engine = make_engine(config.get_main_option("sqlalchemy.url"))
+    url = config.get_main_option("sqlalchemy.url")
+    if url is None:
+        raise RuntimeError("migrations: neither a connection nor sqlalchemy.url was given")
+    engine = make_engine(url)
     with engine.connect() as conn:
         _run(conn)
     engine.dispose()

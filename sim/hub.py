@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprompt.worker.data import DataError, Example, TextDataset
+from fedprompt.worker.data.dataset import Task
 from fedprompt.worker.data.pack import write_packed
 
 OFFLINE_VALUES = {"1", "on", "yes", "true"}
@@ -41,7 +42,7 @@ class HubSet:
     source: str = ""
 
     @property
-    def task(self) -> str:
+    def task(self) -> Task:
         """single or pair."""
         return "pair" if self.text_b else "single"
 

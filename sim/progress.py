@@ -123,7 +123,7 @@ def site_fetcher(admin: Any, fid: int) -> Callable[[int], dict[str, Any] | None]
 
     def fetch(version: int) -> dict[str, Any] | None:
         try:
-            return admin.site_evaluations(fid, version)  # type: ignore[no-any-return]
+            return admin.site_evaluations(fid, version)
         except ApiError as exc:
             if exc.status == 403:
                 return None

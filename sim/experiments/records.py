@@ -143,6 +143,8 @@ def metrics_of(record: dict[str, Any]) -> dict[str, Any]:
     delta = options.get("ldp_delta")
     epsilon, clip = float(epsilon), float(clip)
     if mechanism == "gaussian":
+        if delta is None:  # the spec requires δ with the Gaussian mechanism
+            raise ValueError(f"cell {record.get('cell')!r}: the Gaussian mechanism without ldp_delta")
         noise = gaussian_std(clip, gaussian_noise_multiplier(epsilon, float(delta)))
     else:
         noise = laplace_scale(clip, epsilon)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedprompt.sim.experiments.config import Cell, ExperimentConfig, PaperValue, expand, matches
+from fedprompt.sim.experiments.config import Cell, ExperimentConfig, PaperValue, PlotSpec, expand, matches
 from fedprompt.sim.experiments.prose import PERCENT, _cells_text, _params, _values, fill, stat
 from fedprompt.sim.experiments.records import collect, merge_committed, metrics_of, records_of
 from fedprompt.sim.experiments.runner import (
@@ -317,7 +317,9 @@ def _cell_for(config: ExperimentConfig, pattern: dict[str, Any]) -> Cell | None:
     return None
 
 
-def _line_series(config: ExperimentConfig, plot: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
+def _line_series(
+    config: ExperimentConfig, plot: PlotSpec, records: list[dict[str, Any]]
+) -> dict[str, list[tuple[float, float]]]:
     """A lines plot's series from the finished records: per series, (x, mean y over the seeds)."""
     points: dict[str, dict[float, list[float]]] = {}
     for r in records:
@@ -359,7 +361,7 @@ def figures(
                 continue
         else:
             series = _line_series(config, plot, records)
-            if not series:
+            if plot.x is None or not series:  # a lines plot without its x has no points
                 continue
             if draw:
                 from fedprompt.sim.plots import plot_lines

@@ -381,6 +381,7 @@ def run_experiment(
         start_sha = start_prompt_sha(options.get("init_prompt"))
         twin = None if cell_dir.exists() else find_twin(out_root, config.name, options, start_sha)
         meta_path = cell_dir / "cell.json"
+        previous: dict[str, Any]
         if twin is not None:
             # the same federation already ran for another experiment: its folder is this cell's result
             shutil.copytree(twin, cell_dir)
