@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--keep", default=None, help="keep the first simulate's --out folder here")
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args(argv)
-    repeats = []
+    repeats: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="fedprompt-e2e-") as tmp:
         for number in range(args.repeats):
             sim_out = Path(args.keep) if args.keep and number == 0 else Path(tmp) / f"sim-{number}"

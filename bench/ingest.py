@@ -279,7 +279,7 @@ def rotation(systems: list[str], repeat: int) -> list[str]:
     return systems[shift:] + systems[:shift]
 
 
-FIGURES: dict[str, tuple[str, ...]] = {
+FIGURES: dict[str, tuple[str | int, ...]] = {
     "upload_p50": ("upload_s", "p50"),
     "upload_p99": ("upload_s", "p99"),
     "poll_delivery_p50": ("poll_delivery_s", "p50"),
@@ -301,7 +301,7 @@ FIGURES: dict[str, tuple[str, ...]] = {
 ALIASES = {"cpu_s": "coordinator_cpu_s", "peak_rss_mib": "coordinator_peak_rss_mib"}
 
 
-def _get(run: dict[str, Any], path: tuple[Any, ...]) -> Any:
+def _get(run: dict[str, Any], path: tuple[str | int, ...]) -> Any:
     value: Any = run
     for i, key in enumerate(path):
         if i == 0 and key in ALIASES and key not in value:

@@ -43,6 +43,7 @@ LR = 0.01  # mean-pool scoring's rate (bench/scoring.py)
 
 def _engine(threads: int, max_length: int) -> PromptEngine:
     preset = preset_for("sst2")
+    assert preset is not None
     return PromptEngine.load(
         DEFAULT_MODEL,
         template=preset.template,

@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     train = list(load_dataset("sst2", "train").sample(args.train_limit, 0))
     test = list(load_dataset("sst2", "test").sample(args.eval_limit, 0))
     preset = preset_for("sst2")
+    assert preset is not None
     lrs = {"tied-embeddings": args.lr_tied, "mean-pool": args.lr_mean_pool}
     engines = {
         scoring: PromptEngine.load(

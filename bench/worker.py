@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     data = load_dataset("sst2", "train").sample(args.train_limit, 0)
     preset = preset_for(data.name, data.task)
+    assert preset is not None  # SST-2 has a preset
     engine = PromptEngine.load(
         DEFAULT_MODEL,
         template=preset.template,
