@@ -24,8 +24,8 @@ def training_line(clients: list[dict[str, Any]], number: int) -> str | None:
     steps = total = training = 0
     for client in clients:
         said = client.get("activity") or {}
-        if said.get("phase") != "training" or said.get("round") != number or said.get("total_steps") is None:
-            continue
+        if said.get("phase") != "training" or said.get("round") != number or not said.get("total_steps"):
+            continue  # another round's, or sent before its local steps were counted
         training += 1
         steps += int(said.get("step") or 0)
         total += int(said["total_steps"])

@@ -12,6 +12,7 @@ def test_training_line_sums_the_steps_of_the_clients_training_in_the_round() -> 
         {"activity": {"phase": "idle", "round": 2}},  # done with its round
         {"activity": {"phase": "training", "round": 1, "step": 100, "total_steps": 100}},  # an old heartbeat
         {"activity": None},  # never sent one
+        {"activity": {"phase": "training", "round": 2, "step": 0, "total_steps": 0}},  # not counted yet
     ]
     assert training_line(clients, 2) == "round 2: 2 clients training, local steps 75/200"
     assert training_line(clients, 1) == "round 1: 1 client training, local steps 100/100"
