@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 A = TypeVar("A")
 
@@ -52,7 +53,7 @@ def corrected_gradient(
         out = out + mu * (w - anchor)
     if correction is not None:
         out = out + correction
-    return out  # type: ignore[no-any-return]
+    return out
 
 
 def scaffold_correction(c: Mapping[str, np.ndarray], c_i: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -114,16 +115,16 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any], what: str) -> None:
             raise DriftError(f"{what}: tensor '{n}' has shapes {np.shape(a[n])} and {np.shape(b[n])}")
 
 
-def label_prior(counts: list[int], smoothing: float = 1.0) -> np.ndarray:
+def label_prior(counts: list[int], smoothing: float = 1.0) -> npt.NDArray[np.float64]:
     """A client's own label distribution from its label counts, add-`smoothing` so that a label it
     does not hold keeps a small, finite probability."""
     if not counts or any(c < 0 for c in counts):
         raise DriftError(f"label counts must be non-negative, one per label; got {counts}")
     arr = np.asarray(counts, np.float64) + smoothing
-    return arr / arr.sum()
+    return arr / float(arr.sum())
 
 
-def logit_adjustment(prior: np.ndarray, tau: float = 1.0) -> np.ndarray:
+def logit_adjustment(prior: npt.NDArray[np.float64], tau: float = 1.0) -> npt.NDArray[np.float64]:
     """τ·log(prior), added to the label scores inside the local loss only (Menon et al., ICLR 2021;
     FedLC, Zhang et al., ICML 2022): a client that holds mostly one label no longer lowers its loss by
     calling everything that label, so its update pulls the shared prompt less towards its own mix.

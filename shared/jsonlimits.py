@@ -94,7 +94,10 @@ def loads(
         obj = dict(pairs)
         if len(obj) != len(pairs):  # parsers disagree on which of two equal keys wins: refuse both
             seen: set[str] = set()
-            twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+            for twice, _ in pairs:  # the first key that comes a second time
+                if twice in seen:
+                    break
+                seen.add(twice)
             raise JSONLimitError(
                 f"{what} has the key {twice[:64]!r} more than once; each key may appear once"
             )

@@ -16,7 +16,7 @@ def free_port() -> int:
     """An unused loopback port."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])  # an AF_INET address: (host, port)
 
 
 def wait_ready(

@@ -25,12 +25,13 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Annotated, Any, Literal, TextIO
 
 import structlog
 import typer
 from fastapi import Request
+from structlog.typing import EventDict, WrappedLogger
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -131,14 +132,7 @@ def redact_value(value: Any, depth: int = 0) -> Any:
     if depth >= MAX_DEPTH:
         return "[nested too deep]"
     if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for i, (k, v) in enumerate(value.items()):
-            if i >= MAX_ITEMS:
-                out["…"] = f"{len(value) - MAX_ITEMS} more fields"
-                break
-            key = redact_text(str(k))
-            out[key] = REDACTED if _secret_field(k) and v not in (None, "") else redact_value(v, depth + 1)
-        return out
+        return _redact_fields(value, depth)
     if isinstance(value, list | tuple | set | frozenset):
         items = list(value)
         kept = [redact_value(v, depth + 1) for v in items[:MAX_ITEMS]]
@@ -148,9 +142,22 @@ def redact_value(value: Any, depth: int = 0) -> Any:
     return redact_text(str(value))
 
 
-def redact(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def _redact_fields(fields: Mapping[Any, Any], depth: int) -> dict[str, Any]:
+    """A mapping's first MAX_ITEMS fields under redacted keys, each value redacted (a secret field's
+    value replaced)."""
+    out: dict[str, Any] = {}
+    for i, (k, v) in enumerate(fields.items()):
+        if i >= MAX_ITEMS:
+            out["…"] = f"{len(fields) - MAX_ITEMS} more fields"
+            break
+        key = redact_text(str(k))
+        out[key] = REDACTED if _secret_field(k) and v not in (None, "") else redact_value(v, depth + 1)
+    return out
+
+
+def redact(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> dict[str, Any]:
     """structlog processor: no secret and nothing unbounded in any field (see the module's docstring)."""
-    out = redact_value(event_dict)
+    out = _redact_fields(event_dict, 0)
     if len(json.dumps(out, default=str)) > MAX_EVENT_CHARS:  # still too large: keep its head
         head = {k: out[k] for k in (*FIRST_KEYS, "request_id", "exc_type") if k in out}
         exc = out.get("exception")
@@ -263,12 +270,13 @@ def _kind(record: logging.LogRecord) -> tuple[Any, ...]:
 
 def resolve_format(fmt: str, stream: TextIO) -> Literal["json", "console"]:
     """'auto' means console on a terminal and JSON lines otherwise."""
-    if fmt not in ("auto", "json", "console"):
-        raise ValueError(f"log format must be auto, json or console, not {fmt!r}")
-    if fmt == "auto":
-        isatty = getattr(stream, "isatty", None)
-        return "console" if callable(isatty) and isatty() else "json"
-    return fmt  # type: ignore[return-value]
+    match fmt:
+        case "json" | "console":
+            return fmt
+        case "auto":
+            isatty = getattr(stream, "isatty", None)
+            return "console" if callable(isatty) and isatty() else "json"
+    raise ValueError(f"log format must be auto, json or console, not {fmt!r}")
 
 
 def configure_logging(
@@ -291,7 +299,7 @@ def configure_logging(
         raise ValueError(f"unknown log level {level!r}")
     fixed = dict(static or {})
 
-    def add_static(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    def add_static(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
         for key, value in fixed.items():
             event_dict.setdefault(key, value)
         return event_dict
@@ -361,7 +369,7 @@ FIRST_KEYS = ("timestamp", "level", "logger", "event")
 DROPPED_KEYS = ("color_message",)  # uvicorn's ANSI-coloured duplicate of the message
 
 
-def tidy(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def tidy(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> dict[str, Any]:
     """Put timestamp, level, logger and event first; drop uvicorn's coloured duplicate."""
     for key in DROPPED_KEYS:
         event_dict.pop(key, None)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from fedprompt.shared.vocab import EncoderType, Family, Method
 
 METHODS: tuple[Method, ...] = tuple(Method)
@@ -160,7 +161,7 @@ def peft_state_names(cfg: MethodConfig) -> dict[str, str]:
 # ---------------------------------------------------------------------- materialising the prompt (numpy)
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
+def _sigmoid(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     return 1.0 / (1.0 + np.exp(-x))
 
 

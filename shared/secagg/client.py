@@ -180,17 +180,17 @@ def shares_payload(
         )
     neighbours: dict[str, Any] = {}
     for j, advert in given.items():
-        cid = int(roster[j]["client_id"])
-        if int(advert.get("client_id", -1)) != cid:
+        peer_id = int(roster[j]["client_id"])
+        if int(advert.get("client_id", -1)) != peer_id:
             raise ProtocolError(f"the keys of number {j} name another client than the roster")
         fields = {f: str(advert[f]) for f in signing.ADVERT_FIELDS if f in advert}
-        if signing.roster_digest(cid, fields) != roster[j]["digest"] or fields["signing_key"] != roster[
+        if signing.roster_digest(peer_id, fields) != roster[j]["digest"] or fields["signing_key"] != roster[
             j
         ].get("signing_key"):
             raise ProtocolError(f"the keys of number {j} differ from the roster's")
-        check_advert(context, j, cid, fields, pins)
-        new_pins[str(cid)] = fields["signing_key"]
-        neighbours[str(j)] = {"client_id": cid, **fields}
+        check_advert(context, j, peer_id, fields, pins)
+        new_pins[str(peer_id)] = fields["signing_key"]
+        neighbours[str(j)] = {"client_id": peer_id, **fields}
     peers = {j: PeerKeys.from_json(a) for j, a in given.items()}
     envelopes = protocol.share_keys(own, index, peers, t, context, randbelow=randbelow)
     made = {

@@ -16,6 +16,7 @@ import secrets
 from collections.abc import Iterable, Mapping
 
 import numpy as np
+import numpy.typing as npt
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -63,7 +64,7 @@ def pairwise_seed(private: bytes, peer_public: bytes, context: bytes) -> bytes:
     return derive_key(private, peer_public, b"fedprompt secagg pairwise mask|" + context)
 
 
-def expand(seed: bytes, length: int) -> np.ndarray:
+def expand(seed: bytes, length: int) -> npt.NDArray[np.uint64]:
     """`length` uint64 values of the AES-256-CTR keystream under `seed` (a pseudo-random mask)."""
     if len(seed) != SEED_BYTES:
         raise ValueError(f"a mask seed is {SEED_BYTES} bytes; got {len(seed)}")
