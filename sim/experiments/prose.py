@@ -198,9 +198,16 @@ def _has_learned(metric: str, done: list[dict[str, Any]]) -> bool | None:
     majority = _values("majority_rate", done)
     if not majority:
         return None
-    accuracy = "best_accuracy" if metric.startswith("best_") else "final_accuracy"
-    collapsed = [] if metric.startswith("best_") else _values("collapsed", done)
-    return learned(_values(accuracy, done), max(majority), collapsed)
+    version = "best" if metric.startswith("best_") else "final"
+    collapsed = [] if version == "best" else _values("collapsed", done)
+    classes = _values("num_classes", done)  # every seed of a cell has the same test split
+    return learned(
+        _values(f"{version}_accuracy", done),
+        max(majority),
+        collapsed,
+        _values(f"{version}_macro_f1", done),
+        int(max(classes)) if classes else None,
+    )
 
 
 def _verdict(config: ExperimentConfig, records: list[dict[str, Any]], metric: str, where: str) -> str:
@@ -226,12 +233,8 @@ def _verdict(config: ExperimentConfig, records: list[dict[str, Any]], metric: st
     spread = f"95 % CI {signed(iv.low)} to {signed(iv.high)}, " if iv.n > 1 else ""
     figures = f"{signed(iv.mean)}{unit}, {spread}{iv.n} seed{'s' if iv.n > 1 else ''}"
     if not_learned:
-        side = (
-            "both cells"
-            if len(not_learned) == 2
-            else ("the first cell" if not_learned == ["A"] else "the second")
-        )
-        return f"{NOT_LEARNED} ({side} at its majority class or collapsed; {figures})"
+        which = {("A",): "the first cell", ("B",): "the second cell", ("A", "B"): "both cells"}
+        return f"{NOT_LEARNED} ({which[tuple(not_learned)]}; {figures})"
     return f"{verdict(diffs, m['op'], threshold)} ({figures})"
 
 
@@ -252,9 +255,11 @@ def _learned_text(config: ExperimentConfig, records: list[dict[str, Any]], where
     )
     collapsed = sum(c > 0 for c in _values("collapsed", done))
     fell = f", {collapsed} of {len(done)} collapsed" if collapsed else ""
+    f1 = _values("final_macro_f1", done)
+    f1_text = f", macro-F1 {_number('final_macro_f1', sum(f1) / len(f1))} %" if f1 else ""
     return (
         f"{word} ({_number('final_accuracy', iv.mean)} %{spread}, majority "
-        f"{_number('majority_rate', max(majority))} %{fell})"
+        f"{_number('majority_rate', max(majority))} %{f1_text}{fell})"
     )
 
 

@@ -46,6 +46,7 @@ def cell_metrics(results: dict[str, Any]) -> dict[str, Any]:
         "params_sent": results.get("params_communicated"),
         "final_macro_f1": last.get("macro_f1"),
         "majority_rate": majority_rate(last.get("confusion")),
+        "num_classes": len(last["confusion"]) if last.get("confusion") else None,
         "best_accuracy": results.get("best_accuracy"),
         "best_macro_f1": results.get("best_macro_f1"),
         "collapsed": 1.0 if last.get("collapsed") else 0.0 if last else None,

@@ -5,9 +5,10 @@ The rules, stated once (docs/experiments.md quotes them):
 - **Interval**: the mean of n values with Student's t interval at 95 %, mean ± t(0.975, n − 1)·s/√n
   (s the sample standard deviation). One value has no interval.
 - **Learned**: a cell has learned its task when the lower end of its accuracy's interval is above
-  the majority-class rate of its test examples (with one seed: its accuracy is above it) and no seed's
-  final version is a constant predictor (the collapse flag: predictions of one class, macro-F1 at its
-  floor). A cell that has not learned never counts toward a verdict.
+  the majority-class rate of its test examples (with one seed: its accuracy is above it), the lower
+  end of its macro-F1's interval is above chance, 1/k for k classes (uniform guessing; a constant
+  predictor scores less), and no seed's final version is a constant predictor (the collapse flag).
+  A cell that has not learned never counts toward a verdict.
 - **Verdict** of a claim "A − B > δ" (or "< δ"), A and B two cells run on the same seeds (same shards,
   same starting prompt): the per-seed paired differences d = A − B, their interval as above;
   *holds* when the whole interval is on the claim's side of δ, *does not hold* when the whole interval
@@ -49,10 +50,19 @@ def t_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
     return Interval(mean, mean - half, mean + half, n)
 
 
-def learned(accuracy: Sequence[float], majority: float, collapsed: Sequence[float] = ()) -> bool:
+def learned(
+    accuracy: Sequence[float],
+    majority: float,
+    collapsed: Sequence[float] = (),
+    macro_f1: Sequence[float] = (),
+    classes: int | None = None,
+) -> bool:
     """Whether a cell learned its task (the module's rule): its accuracy's interval above the
-    majority-class rate, and no seed's final version collapsed to one class."""
+    majority-class rate, its macro-F1's above 1/classes (when both are known), and no seed's final
+    version collapsed to one class."""
     if not accuracy or any(c > 0 for c in collapsed):
+        return False
+    if macro_f1 and classes and t_interval(macro_f1).low <= 1 / classes:
         return False
     return t_interval(accuracy).low > majority
 

@@ -32,6 +32,10 @@ def test_learned_needs_the_interval_above_the_majority_and_no_collapse() -> None
     assert not learned([0.71, 0.72, 0.73], 0.50, collapsed=[0.0, 1.0, 0.0])  # one seed collapsed
     assert learned([0.55], 0.50) and not learned([0.50], 0.50)  # one seed: above it, or not
     assert not learned([], 0.5)
+    # macro-F1 at chance (1/k): a two-class cell at 0.72 accuracy whose macro-F1 is 0.38 to 0.42
+    assert not learned([0.72, 0.72, 0.72], 0.5, macro_f1=[0.38, 0.40, 0.42], classes=2)
+    assert learned([0.72, 0.72, 0.72], 0.5, macro_f1=[0.70, 0.71, 0.72], classes=2)
+    assert learned([0.72, 0.72, 0.72], 0.5, macro_f1=[0.38, 0.40, 0.42])  # k unknown: not judged
 
 
 def test_verdicts_of_a_claim_from_paired_differences() -> None:
@@ -93,7 +97,7 @@ def test_verdict_and_learned_placeholders(tmp_path: Path) -> None:
 
     collapsed = [r if r["cell"] != "arm-b_seed-1" else _record("b", 1, 0.5, collapsed=1.0) for r in records]
     assert fill("{{verdict: final_accuracy @ arm=a - arm=b > 0}}", config, collapsed).startswith(
-        "not learned (the second at its majority class or collapsed"
+        "not learned (the second cell; +"
     )
     assert fill("{{learned @ arm=b}}", config, collapsed).startswith("not learned (63.3 %")
     assert ", 1 of 3 collapsed)" in fill("{{learned @ arm=b}}", config, collapsed)
