@@ -6,7 +6,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -45,6 +45,9 @@ from fedprompt.worker.engine.scoring import (
 from fedprompt.worker.engine.template import Template, TextPair, Verbalizer
 from torch import nn
 from torch.nn import functional as F
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 ProgressFn = Callable[[int, int, float], None]
 
@@ -176,7 +179,7 @@ class PromptEngine:
     @classmethod
     def from_model(
         cls,
-        model: nn.Module,
+        model: PreTrainedModel,
         tokenizer: Any,
         *,
         template: str,

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedprompt.shared.spec import FederationSpec
 from fedprompt.worker.engine.families import adapter, detect
 from fedprompt.worker.engine.model import Backbone, HeadChoice, describe_model
 from fedprompt.worker.engine.offline import resolve_model
-from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # RoBERTa-style models number positions from padding_idx + 1.
 _PADDING_OFFSET_MODELS = frozenset({"roberta", "xlm-roberta", "camembert", "longformer"})
@@ -34,7 +36,7 @@ def load_backbone(path: str) -> Backbone:
     return adapter(detect(config)).load(path, config)
 
 
-def backbone_of(model: nn.Module, head: HeadChoice = "auto") -> Backbone:
+def backbone_of(model: PreTrainedModel, head: HeadChoice = "auto") -> Backbone:
     """The backbone of a built transformers model: a *ForMaskedLM or bare encoder, a causal LM, or a
     seq2seq LM. 'tied-embeddings' reads a masked LM's label words through its input embeddings."""
     return adapter(detect(model.config, model)).backbone_of(model, head)

@@ -23,18 +23,12 @@ from torch import nn
 def model_shape(config: Any) -> tuple[int, int, int]:
     """(hidden size, layers, attention heads) of a transformers config, as PEFT reads them."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    hidden = (
-        getattr(text, "hidden_size", None) or getattr(text, "n_embd", None) or getattr(text, "d_model", 0)
-    )
+    hidden = getattr(text, "hidden_size", 0) or getattr(text, "n_embd", 0) or getattr(text, "d_model", 0)
     layers = (
-        getattr(text, "num_hidden_layers", None)
-        or getattr(text, "num_layers", None)
-        or getattr(text, "n_layer", 0)
+        getattr(text, "num_hidden_layers", 0) or getattr(text, "num_layers", 0) or getattr(text, "n_layer", 0)
     )
     heads = (
-        getattr(text, "num_attention_heads", None)
-        or getattr(text, "n_head", None)
-        or getattr(text, "num_heads", 0)
+        getattr(text, "num_attention_heads", 0) or getattr(text, "n_head", 0) or getattr(text, "num_heads", 0)
     )
     return int(hidden), int(layers), int(heads)
 

@@ -10,13 +10,16 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 from fedprompt.shared.vocab import Family
 from fedprompt.worker.data.pack import sha256_file
 from fedprompt.worker.engine.offline import resolve_model
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # Files that define what a token id means; any change to them changes the fingerprint.
 TOKENIZER_FILES = (
@@ -71,6 +74,12 @@ class Backbone:
     def runner(self) -> nn.Module:
         """The module the prompt method wraps and runs: the whole model when it has no separable head."""
         return self.full_model if self.full_model is not None else self.encoder
+
+
+def input_embeddings_of(model: PreTrainedModel) -> nn.Embedding:
+    """The model's token embedding table. transformers annotates get_input_embeddings() as any Module;
+    the language models of every family here return an nn.Embedding (or a subclass: BART's is scaled)."""
+    return cast(nn.Embedding, model.get_input_embeddings())
 
 
 def _model_file(path: str, filename: str) -> Path | None:

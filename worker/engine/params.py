@@ -40,9 +40,12 @@ def count_parameters(config: Any) -> int:
     import transformers
 
     architecture = (getattr(config, "architectures", None) or [None])[0]
-    cls = getattr(transformers, architecture) if architecture else transformers.AutoModel
+    # a named architecture is built with its own class, else the auto class picks one
+    named = getattr(transformers, architecture) if architecture else None
     with torch.device("meta"):
-        model = cls._from_config(config) if architecture else cls.from_config(config)
+        model = (
+            named._from_config(config) if named is not None else transformers.AutoModel.from_config(config)
+        )
     return sum(p.numel() for p in model.parameters())
 
 

@@ -16,15 +16,18 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import torch
 from fedprompt.shared.methods import PEFT_TASK_TYPES, MethodConfig, peft_fields
 from fedprompt.shared.vocab import Scoring
 from fedprompt.worker.engine.methods import model_shape
-from fedprompt.worker.engine.model import Backbone, HeadChoice, quiet_transformers
+from fedprompt.worker.engine.model import Backbone, HeadChoice, input_embeddings_of, quiet_transformers
 from fedprompt.worker.engine.params import count_parameters
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 ScoreReading = Literal["label-words", "mean-pool"]
 
@@ -48,7 +51,7 @@ class FamilyAdapter(ABC):
         """The backbone of a checkpoint folder or hub id whose config this family claimed."""
 
     @abstractmethod
-    def backbone_of(self, model: nn.Module, head: HeadChoice = "auto") -> Backbone:
+    def backbone_of(self, model: PreTrainedModel, head: HeadChoice = "auto") -> Backbone:
         """The backbone of a built transformers model of this family."""
 
     # ------------------------------------------------------------------ template: where the answer goes
@@ -131,8 +134,8 @@ class LanguageModelAdapter(FamilyAdapter):
         with quiet_transformers():
             return self.backbone_of(self.auto_class().from_pretrained(path))
 
-    def backbone_of(self, model: nn.Module, head: HeadChoice = "auto") -> Backbone:
-        return Backbone(model, "lm", None, model, model.get_input_embeddings(), model.config, self.name)
+    def backbone_of(self, model: PreTrainedModel, head: HeadChoice = "auto") -> Backbone:
+        return Backbone(model, "lm", None, model, input_embeddings_of(model), model.config, self.name)
 
 
 # ---------------------------------------------------------------------- the registry

@@ -3,15 +3,24 @@ tied input embeddings when the checkpoint has no head, or mean-pool similarity o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from fedprompt.shared.methods import MethodConfig, MethodError
 from fedprompt.shared.vocab import Family, Method, Scoring
 from fedprompt.worker.engine.families.base import FamilyAdapter, ScoreReading, register
-from fedprompt.worker.engine.model import Backbone, HeadChoice, ModelError, quiet_transformers
+from fedprompt.worker.engine.model import (
+    Backbone,
+    HeadChoice,
+    ModelError,
+    input_embeddings_of,
+    quiet_transformers,
+)
 from fedprompt.worker.engine.template import TemplateError
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # Encoders whose attention layers accept no past key/values (checked: DistilBERT).
 _NO_PREFIX_SUPPORT = frozenset({"distilbert"})
@@ -28,7 +37,7 @@ def _head_module(model: nn.Module) -> nn.Module | None:
     return others[0] if len(others) == 1 else None
 
 
-def split_masked_lm(model: nn.Module, missing_keys: set[str] | list[str] | None = None) -> Backbone:
+def split_masked_lm(model: PreTrainedModel, missing_keys: set[str] | list[str] | None = None) -> Backbone:
     """Split a *ForMaskedLM model into encoder + head; fall back to tied embeddings when the head was not loaded."""
     base_prefix = getattr(model, "base_model_prefix", "")
     # Tied copies (e.g. the decoder weight = the input embeddings) may be reported missing but are fine.
@@ -37,7 +46,7 @@ def split_masked_lm(model: nn.Module, missing_keys: set[str] | list[str] | None 
     # Keys outside the encoder that were not in the checkpoint mean the head is randomly initialised.
     head_missing = any(not key.startswith(f"{base_prefix}.") for key in missing)
     encoder = model.base_model if base_prefix and hasattr(model, base_prefix) else model
-    input_embeddings = model.get_input_embeddings()
+    input_embeddings = input_embeddings_of(model)
     if head_missing:
         return Backbone(
             encoder, "tied-embeddings", None, None, input_embeddings, model.config, Family.MASKED_LM
@@ -54,10 +63,10 @@ def split_masked_lm(model: nn.Module, missing_keys: set[str] | list[str] | None 
     )
 
 
-def encoder_only(model: nn.Module) -> Backbone:
+def encoder_only(model: PreTrainedModel) -> Backbone:
     """Use a bare encoder (e.g. BertModel) with label words read through its tied input embeddings."""
     return Backbone(
-        model, "tied-embeddings", None, None, model.get_input_embeddings(), model.config, Family.MASKED_LM
+        model, "tied-embeddings", None, None, input_embeddings_of(model), model.config, Family.MASKED_LM
     )
 
 
@@ -85,12 +94,15 @@ class MaskedLMAdapter(FamilyAdapter):
                 ) from None
         return split_masked_lm(model, info.get("missing_keys"))
 
-    def backbone_of(self, model: nn.Module, head: HeadChoice = "auto") -> Backbone:
+    def backbone_of(self, model: PreTrainedModel, head: HeadChoice = "auto") -> Backbone:
         """'tied-embeddings' reads the label words through the input embeddings even when there is a head."""
         if head == "mlm" and model.get_output_embeddings() is None:
             raise ValueError(f"{type(model).__name__} has no MLM head; use head='auto' or 'tied-embeddings'")
         if model.get_output_embeddings() is None or head == "tied-embeddings":
-            return encoder_only(model.base_model if head == "tied-embeddings" else model)
+            # base_model: the PreTrainedModel under base_model_prefix (BertModel in BertForMaskedLM), or the
+            # model itself; transformers annotates it as any Module
+            base = cast("PreTrainedModel", model.base_model) if head == "tied-embeddings" else model
+            return encoder_only(base)
         return split_masked_lm(model)
 
     def mask_id(self, tokenizer: Any) -> int | None:
