@@ -178,9 +178,9 @@ class Agent:
             on_enrol=lambda: setattr(self.status, "state", "enrolling"),
         )
         self.status.client_id = creds.client_id
-        self.client = CoordinatorClient(cfg.coordinator, creds.token, transport=self.transport)
+        client = self.client = CoordinatorClient(cfg.coordinator, creds.token, transport=self.transport)
         try:
-            spec_json = self._retry("read spec", lambda: self.client.spec(cfg.federation_id))  # type: ignore[union-attr]
+            spec_json = self._retry("read spec", lambda: client.spec(cfg.federation_id))
         except ApiError as exc:
             raise FatalWorkerError(f"cannot read the federation: {exc}") from None
         self.spec = FederationSpec.model_validate(spec_json)
@@ -194,10 +194,11 @@ class Agent:
     # -- tasks --------------------------------------------------------------------------------
 
     def _step(self) -> None:
-        assert self.client is not None
+        client = self.client
+        assert client is not None
         fid = self.config.federation_id
         try:
-            task = self._retry("poll", lambda: self.client.task(fid, wait=self.config.poll_wait))  # type: ignore[union-attr]
+            task = self._retry("poll", lambda: client.task(fid, wait=self.config.poll_wait))
         except ApiError as exc:
             if exc.status in (401, 403):
                 raise FatalWorkerError(f"the coordinator refuses this worker: {exc}") from None
@@ -219,16 +220,19 @@ class Agent:
     def _download(self, version: int, sha256: str) -> bytes:
         """The global prompt at `version`; the last one fetched is kept, so the version a worker
         evaluates is not fetched again when the next round trains from it."""
-        assert self.client is not None
+        client = self.client
+        assert client is not None
         if self._last_prompt is not None and self._last_prompt[:2] == (version, sha256):
             return self._last_prompt[2]
-        prompt = self._retry("download", lambda: self.client.prompt(self.config.federation_id, version))  # type: ignore[union-attr]
+        prompt = self._retry("download", lambda: client.prompt(self.config.federation_id, version))
         if wire.sha256(prompt.blob) != sha256 or prompt.sha256 != sha256:
             raise ApiError(502, {"detail": f"prompt version {version} failed its sha256 check"})
         self._last_prompt = (version, sha256, prompt.blob)
         return prompt.blob
 
     def _evaluate(self, task: dict[str, Any]) -> None:
+        client = self.client
+        assert client is not None
         version = int(task["version"])
         self.status.state = "evaluating"
         blob = self._download(version, task["sha256"])
@@ -248,7 +252,7 @@ class Agent:
             self.metrics.eval_accuracy.set(result.accuracy)
         self._retry(
             "report evaluation",
-            lambda: self.client.report_evaluation(self.config.federation_id, version, report),  # type: ignore[union-attr]
+            lambda: client.report_evaluation(self.config.federation_id, version, report),
         )
         self.status.versions_evaluated.append(version)
         self.status.state = "idle"
@@ -263,6 +267,7 @@ class Agent:
         slow site is not taken for a dead one), and that it is idle once the round's work is done.
         Best effort: a heartbeat that fails is not retried, the next one goes on time."""
         assert self.spec is not None
+        heartbeat_s = self.spec.heartbeat_s
         stop = threading.Event()
 
         def beat() -> None:
@@ -275,7 +280,7 @@ class Agent:
                         "total_steps": self.status.total_steps,
                     }
                 )
-                if stop.wait(self.spec.heartbeat_s):  # type: ignore[union-attr]
+                if stop.wait(heartbeat_s):
                     return
 
         thread = threading.Thread(target=beat, name=f"heartbeat-{number}", daemon=True)
@@ -288,8 +293,9 @@ class Agent:
             self._activity({"phase": "idle", "round": number})
 
     def _activity(self, activity: dict[str, Any]) -> None:
+        assert self.client is not None
         try:
-            self.client.activity(self.config.federation_id, activity)  # type: ignore[union-attr]
+            self.client.activity(self.config.federation_id, activity)
         except (ApiError, httpx.HTTPError) as exc:
             log.debug("heartbeat not delivered: %s", exc)
 
@@ -409,14 +415,15 @@ class Agent:
     def _secagg(self, task: dict[str, Any]) -> None:
         """A secure round's keys, shares or unmasking stage; the round secrets are kept in the state
         directory before anything derived from them is sent (worker/secagg.py)."""
-        assert self.client is not None
+        client = self.client
+        assert client is not None
         number, stage = int(task["round"]), str(task["stage"])
         self.status.state, self.status.round = f"secure-{stage}", number
         try:
             payload = self._secure().answer(task)
             self._retry(
                 f"secure aggregation {stage}",
-                lambda: self.client.secagg_stage(self.config.federation_id, number, stage, payload),  # type: ignore[union-attr]
+                lambda: client.secagg_stage(self.config.federation_id, number, stage, payload),
             )
         except (ValueError, ApiError) as exc:  # ProtocolError, EnvelopeError, ShamirError: ValueErrors
             # the stage moved on, or it cannot be answered (too few neighbours): its deadline settles it
@@ -469,12 +476,13 @@ class Agent:
 
     def _upload(self, number: int, blob: bytes) -> None:
         """Send until acknowledged (2xx) or definitively refused; then forget the pending file."""
-        assert self.client is not None
+        client = self.client
+        assert client is not None
         self.status.state = "uploading"
         try:
             status, _ = self._retry(
                 f"upload round {number}",
-                lambda: self.client.upload(self.config.federation_id, number, blob),  # type: ignore[union-attr]
+                lambda: client.upload(self.config.federation_id, number, blob),
                 forever=True,
             )
             log.info("round %s update acknowledged (%s)", number, status)
@@ -497,10 +505,11 @@ class Agent:
 
     def _server_control(self, version: int) -> dict[str, np.ndarray]:
         """The server's control variate after the round's base version, checked against the spec."""
-        assert self.client is not None and self.spec is not None
+        client = self.client
+        assert client is not None and self.spec is not None
         blob = self._retry(
-            "download control variate", lambda: self.client.control(self.config.federation_id, version)
-        )  # type: ignore[union-attr]
+            "download control variate", lambda: client.control(self.config.federation_id, version)
+        )
         try:
             tensors, _ = wire.decode_checked(blob, self.spec.tensor_shapes())
         except wire.WireError as exc:

@@ -16,6 +16,8 @@ class TrainOutcome(Protocol):
     mean_loss: float
     last_loss: float
     seconds: float
+    # the mean loss gradient per communicated tensor, when training was asked for it (SCAFFOLD)
+    mean_gradient: dict[str, np.ndarray] | None
 
 
 class EvalOutcome(Protocol):
@@ -40,9 +42,22 @@ class Engine(Protocol):
         ...
 
     def train(
-        self, examples: Sequence[Any], *, steps: int, progress: Callable[..., None], **options: Any
+        self,
+        examples: Sequence[Any],
+        *,
+        steps: int,
+        batch_size: int = ...,
+        lr: float = ...,
+        grad_clip: float = ...,
+        seed: int = ...,
+        prox_mu: float = ...,
+        correction: Mapping[str, np.ndarray] | None = ...,
+        mean_gradient: bool = ...,
+        balanced_tau: float = ...,
+        progress: Callable[[int, int, float], None],
     ) -> TrainOutcome:
-        """`steps` optimisation steps of the prompt on the examples."""
+        """`steps` optimisation steps of the prompt on the examples; FedProx's `prox_mu`, SCAFFOLD's
+        `correction` and `mean_gradient`, and the balanced loss's `balanced_tau` as in shared/drift.py."""
         ...
 
     def evaluate(self, examples: Sequence[Any], *, batch_size: int = 64) -> EvalOutcome:
