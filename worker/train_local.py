@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
 
 import typer
 from fedprompt.shared.evalstats import macro_f1
@@ -29,6 +29,10 @@ from fedprompt.worker.data.help import (
 )
 from fedprompt.worker.naming import DATA_NAME_HELP, own_data_name
 
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, ProgressColumn
+
 
 def parse_verbalizer(text: str) -> list[list[str]]:
     """Parse 'terrible;great' or 'bad,terrible;good,great' (labels by ';', words by ',') or a JSON list of lists."""
@@ -45,6 +49,15 @@ def peak_rss_mib() -> float:
     """Peak resident memory of this process in MiB (Linux reports KiB, macOS bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+class _Timing(TypedDict):
+    """Where training stands: the step reached, training and evaluation seconds, the mean loss once done."""
+
+    train: float
+    eval: float
+    step: int
+    loss: float | None
 
 
 class Interrupted(Exception):
@@ -213,7 +226,7 @@ def train_local_command(
         "command": " ".join(sys.argv),
     }
     curve: list[dict[str, Any]] = report["curve"]
-    timing = {"train": 0.0, "eval": 0.0, "step": 0, "loss": None}
+    timing: _Timing = {"train": 0.0, "eval": 0.0, "step": 0, "loss": None}
 
     def write_out() -> None:
         if out is None:
@@ -222,7 +235,7 @@ def train_local_command(
         # a stopped run has no final figure: its last evaluation may be the start's (step 0)
         final = last if "stopped" not in report else {}
         start = curve[0] if curve and curve[0]["step"] == 0 else {}
-        steps_done = int(timing["step"])  # type: ignore[call-overload]
+        steps_done = int(timing["step"])
         report.update(
             {
                 "status": "partial" if "stopped" in report else "complete",
@@ -267,13 +280,13 @@ def train_local_command(
                 verbalizer=words,
                 num_virtual_tokens=num_virtual_tokens,
                 max_length=max_length,
-                init=init,  # type: ignore[arg-type]
+                init=init,
                 init_std=init_std,
                 seed=seed,
                 device=device,
                 num_threads=num_threads,
                 scoring=scoring_choice,
-                precision=precision,  # type: ignore[arg-type]
+                precision=precision,
             )
             load_s = time.perf_counter() - started
             if lr is None:
@@ -326,7 +339,7 @@ def train_local_command(
                 )
                 evaluate(steps, console.print)
         except Interrupted as stop:
-            report["stopped"] = {"signal": stop.args[0], "at_step": int(timing["step"])}  # type: ignore[call-overload]
+            report["stopped"] = {"signal": stop.args[0], "at_step": int(timing["step"])}
             console.print(
                 f"[yellow]stopped by {stop.args[0]}[/] at step {timing['step']} of {steps}"
                 + (
@@ -359,25 +372,25 @@ def _train(
     seed: int,
     eval_every: int,
     evaluate: Any,
-    timing: dict[str, Any],
-    console: Any,
-    columns: tuple[Any, ...] | None,
-    progress_cls: Any,
+    timing: _Timing,
+    console: Console,
+    columns: tuple[ProgressColumn, ...] | None,
+    progress_cls: type[Progress],
     every: int,
 ) -> None:
     """Train with a progress bar on a terminal, else a line every `every` steps; an evaluation every
     `eval_every` steps (not counted as training time). `timing` holds the step reached and the seconds."""
     started = time.perf_counter()
-    bar = progress_cls(*columns, console=console, transient=False) if columns else contextlib.nullcontext()
-    with bar as progress:
-        task_id = progress.add_task("training", total=steps, loss=float("nan")) if columns else None
-        printer = progress.console.print if columns else console.print
+    bar = progress_cls(*columns, console=console, transient=False) if columns else None
+    with bar if bar is not None else contextlib.nullcontext():
+        task_id = bar.add_task("training", total=steps, loss=float("nan")) if bar is not None else None
+        printer = bar.console.print if bar is not None else console.print
 
         def on_step(step: int, total: int, loss: float) -> None:
             timing["step"] = step
             timing["train"] = time.perf_counter() - started - timing["eval"]
-            if columns:
-                progress.update(task_id, completed=step, loss=loss)
+            if bar is not None and task_id is not None:
+                bar.update(task_id, completed=step, loss=loss)
             elif step % every == 0 or step == total:
                 rate = timing["train"] / step
                 console.print(
