@@ -129,9 +129,10 @@ def parse_trigger(words: str, position: str = "random") -> Trigger:
         if not count.isascii() or not count.isdigit() or int(count) < 1:
             raise AttackError(f"--trigger-position first:N needs a whole number N >= 1; got {position!r}")
         return Trigger(items, "random", int(count))
-    if sep or kind not in ("random", "start", "end"):
-        raise AttackError(f"--trigger-position must be {TRIGGER_POSITION_HELP}; got {position!r}")
-    return Trigger(items, kind)  # type: ignore[arg-type]
+    match kind:
+        case "random" | "start" | "end" if not sep:
+            return Trigger(items, kind)
+    raise AttackError(f"--trigger-position must be {TRIGGER_POSITION_HELP}; got {position!r}")
 
 
 @dataclass(frozen=True)

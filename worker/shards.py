@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TypedDict
 
 from fedprompt.worker.data import DataError, DataSource, Example, TextDataset, iid, load_source, partition
 
@@ -120,10 +121,18 @@ def shard_sizes(spec: ShardSpec) -> list[tuple[int, int]]:
     return sizes
 
 
-def shard_summary(spec: ShardSpec) -> list[dict[str, object]]:
+class ShardSummary(TypedDict):
+    """One worker's shard: its train and eval sizes, and its train examples per label name."""
+
+    train: int
+    eval: int
+    per_label: dict[str, int]
+
+
+def shard_summary(spec: ShardSpec) -> list[ShardSummary]:
     """Every worker's shard (`spec.partition_id` is ignored): train and eval sizes and the train label mix."""
     full, test = _source(spec)
-    out = []
+    out: list[ShardSummary] = []
     for pid in range(spec.num_partitions):
         train, evaluation = _cut(replace(spec, partition_id=pid), full, test)
         counts = [0] * full.num_labels

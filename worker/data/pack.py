@@ -139,5 +139,5 @@ def describe(folder: Path) -> dict[str, Any]:
 
 def _count_lines(path: Path) -> int:
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as fh:  # type: ignore[operator]
+    with opener(path, "rb") as fh:
         return sum(1 for line in fh if line.strip())

@@ -118,15 +118,18 @@ def parse_partition(text: str) -> Scheme:
     if raw == "iid":
         return Scheme("iid")
     kind, sep, value = raw.partition(":")
-    if kind not in ("quantity", "label") or not sep:
-        raise PartitionError(f"unknown partition scheme {text!r}; {usage}")
+    match kind:
+        case "quantity" | "label" if sep:
+            skew = kind
+        case _:
+            raise PartitionError(f"unknown partition scheme {text!r}; {usage}")
     try:
         alpha = float(value)
     except ValueError:
         raise PartitionError(f"partition scheme {text!r} has no numeric alpha; {usage}") from None
     if not (alpha > 0 and math.isfinite(alpha)):
         raise PartitionError(f"partition scheme {text!r}: alpha must be positive and finite; {usage}")
-    return Scheme(kind, alpha)  # type: ignore[arg-type]
+    return Scheme(skew, alpha)
 
 
 def partition(labels: Sequence[int], scheme: str | Scheme, k: int, seed: int = 0) -> list[list[int]]:

@@ -42,7 +42,7 @@ def parse_labels(text: str | list[str] | tuple[str, ...] | None) -> tuple[str, .
             text = json.loads(text)
         except json.JSONDecodeError:
             raise DataError(f"--labels {text!r} is not a JSON list; e.g. negative,positive") from None
-    raw = text.split(",") if isinstance(text, str) else list(text)  # type: ignore[union-attr]
+    raw = text.split(",") if isinstance(text, str) else list(text)
     names = tuple(str(x).strip() for x in raw)
     if len(names) < 2 or not all(names) or len(set(names)) != len(names):
         raise DataError(

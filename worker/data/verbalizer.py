@@ -102,7 +102,7 @@ def is_one_piece(word: str, tokenizer: Any) -> bool:
 
 def _suggestion(label_names: Sequence[str], tokenizer: Any) -> str:
     """An example --verbalizer value of single-piece words for these labels."""
-    words = []
+    words: list[str] = []
     for name in label_names:
         key = name.strip().lower().replace("-", "_").replace(" ", "_")
         options = [*SYNONYMS.get(key, []), name]
