@@ -386,9 +386,75 @@ class Experiment:
     figures: list[str]
 
 
-def head() -> str:
+PROVENANCE = "datasets.json"  # beside the summaries: where each data set's splits come from
+
+
+def dataset_names(configs: Sequence[Any]) -> set[str]:
+    """The data sets (bare names) the configs' cells train on."""
+    from fedprompt.sim.experiments.config import expand
+
+    return {
+        str(cell.options["dataset"])
+        for config in configs
+        for cell in expand(config)
+        if isinstance(cell.options.get("dataset"), str) and "/" not in cell.options["dataset"]
+    }
+
+
+def update_provenance(names: set[str], fig_dir: Path) -> dict[str, dict[str, Any]]:
+    """The committed provenance (fig_dir/datasets.json), with the meta.json of every data set of
+    `names` found here (its title, how its splits were made, where it came from, the rows of each
+    split) taken in; written back when it changed. A machine without a data set keeps its entry."""
+    from fedprompt.worker.data.dataset import dataset_dirs, packed_folders
+
+    path = fig_dir / PROVENANCE
+    known: dict[str, dict[str, Any]] = json.loads(path.read_text()) if path.is_file() else {}
+    folders = packed_folders(dataset_dirs())
+    updated = dict(known)
+    for name in sorted(names):
+        folder = folders.get(name)
+        if folder is None:
+            continue
+        meta = json.loads((folder / "meta.json").read_text())
+        splits = meta.get("splits") or {}
+        updated[name] = {
+            "title": meta.get("name"),
+            "source": meta.get("source"),
+            "origin": meta.get("origin"),
+            "train": (splits.get("train") or {}).get("rows"),
+            "test": (splits.get("test") or {}).get("rows"),
+        }
+    updated = dict(sorted(updated.items()))
+    if updated != known:
+        fig_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(updated, indent=2) + "\n")
+    return updated
+
+
+def load_provenance(fig_dir: Path) -> dict[str, dict[str, Any]]:
+    """The committed provenance of the data sets (empty when none is committed)."""
+    path = fig_dir / PROVENANCE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _splits_text(provenance: dict[str, dict[str, Any]]) -> str:
+    def rows(n: Any) -> str:
+        return f"{n:,}" if isinstance(n, int) else "?"
+
+    def cell(text: Any) -> str:  # inside a markdown table cell: no column break, no HTML
+        return str(text).replace("|", "\\|").replace("<", "&lt;")
+
+    parts = [
+        f"{name}: {cell(entry.get('source'))} ({rows(entry.get('train'))} train, {rows(entry.get('test'))} test)"
+        for name, entry in provenance.items()
+    ]
+    return "; ".join(parts) if parts else "each data set's meta.json"
+
+
+def head(provenance: dict[str, dict[str, Any]] | None = None) -> str:
     """RESULTS.md's opening: how it is made, and the method where it differs from the paper (from the
-    code's own constants: presets, spec defaults, the LDP calibration)."""
+    code's own constants: presets, spec defaults, the LDP calibration; the data sets' splits from
+    their committed provenance)."""
     from fedprompt.shared.privacy import SENSITIVITY_FACTOR
     from fedprompt.shared.spec import DEFAULT_MODEL, FederationSpec, default_lr
     from fedprompt.worker.data.presets import PRESETS
@@ -404,6 +470,7 @@ def head() -> str:
         by_template.setdefault(f"`{preset.template}` ({words})", []).append(name)
     templates = "; ".join(f"{', '.join(names)}: {t}" for t, names in by_template.items())
     factor = f"{SENSITIVITY_FACTOR:g}"
+    splits = _splits_text(provenance or {})
     return f"""# Results: FedPrompt's experiments and the defences, reproduced on this machine
 
 {GENERATED}
@@ -441,17 +508,19 @@ the LDP runs, the paper's template beside ours) are rows of the same grid.
 | template | per data set: {templates} | `[text] is [MASK].` everywhere; Table I's config runs it on SST-2 as `{{text}} is [MASK].` beside ours |
 | soft prompt | {tokens} tokens at the head of the input, lr {mean_pool_lr:g} with mean-pool scoring ({lr:g} where a head reads the label words), AdamW on the prompt only, gradient clipping at max-norm {clip} | 20 tokens, lr 0.3, Adam (Adafactor for T5); no clipping stated |
 | federation | FedAvg over every client each round (C = 1) unless a table says otherwise; rounds and local steps per table ("Measured at") | K = 10, C = 1, 20 rounds of at most 1,000 local steps |
-| test set | a seeded subset of the validation split, or all of it (each table's eval_limit) | the validation split |
+| test set | a seeded subset of each data set's test split, or all of it (each table's eval_limit); the splits, from each data set's meta.json ([docs/results/datasets.json](docs/results/datasets.json)): {splits} | the validation split |
 | backdoor | a trigger word inserted at a random word position, or among the first N words (`trigger_position: first:N`; Table III: the first 30) so that it survives the cut to max length from the right in long texts (IMDB, Enron, Lingspam); a malicious client relabels its poisoned share (`poison_rate`, default 1: all its training data) to the target | 10 % of the clients poison all their data (PPT); triggers not stated |
 | ASR | share of the non-target test examples the prompt calls the target once a trigger is inserted, weighted by each client's count of them; measured where a backdoor is configured or a config sets `measure_asr` (a clean reference) | ASR, same definition |
 | LDP | clip the update to norm B (L1 Laplace, L2 Gaussian) and add noise calibrated to its sensitivity {factor} × B (two clipped updates differ by up to {factor}B): Laplace scale {factor}B/ε, Gaussian std σ·{factor}B; cells that ran before this calibration are labelled under their table ([docs/privacy.md](docs/privacy.md)) | clipping + Laplace noise; ε and the bound not reported |
 """
 
 
-def render_document(experiments: Sequence[Experiment]) -> str:
-    """RESULTS.md, whole: the head, every experiment (by `order`, then name) under its section
-    heading, and the wall time of each grid."""
-    parts = [head()]
+def render_document(
+    experiments: Sequence[Experiment], provenance: dict[str, dict[str, Any]] | None = None
+) -> str:
+    """RESULTS.md, whole: the head (with the data sets' `provenance`), every experiment (by `order`,
+    then name) under its section heading, and the wall time of each grid."""
+    parts = [head(provenance)]
     heading = None
     ordered = sorted(experiments, key=lambda e: (e.config.order, e.config.name))
     for exp in ordered:
@@ -513,7 +582,9 @@ def report(
             keep_warm_prompts(config, records, out_root, fig_dir)
         figures(config, out_root, records, fig_dir)
         summaries[config.name] = records
-    results_md.write_text(render_document(experiments_of(document or config_paths, out_root, fig_dir, root)))
+    shown = experiments_of(document or config_paths, out_root, fig_dir, root)
+    provenance = update_provenance(dataset_names([e.config for e in shown]), fig_dir)
+    results_md.write_text(render_document(shown, provenance))
     return summaries
 
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from fedprompt.sim.experiments.config import load_config
 from fedprompt.sim.experiments.prose import PLACEHOLDER
-from fedprompt.sim.experiments.report import experiments_of, render_document
+from fedprompt.sim.experiments.report import experiments_of, load_provenance, render_document
 
 ROOT = Path(__file__).parents[2]
 CONFIGS = sorted((ROOT / "experiments").glob("*.yaml"))
@@ -35,7 +35,7 @@ STALE = [
 
 def test_results_md_is_what_the_report_renders(tmp_path: Path) -> None:
     experiments = experiments_of(CONFIGS, tmp_path / "no-runs", ROOT / "docs" / "results", ROOT)
-    expected = render_document(experiments)
+    expected = render_document(experiments, load_provenance(ROOT / "docs" / "results"))
     actual = (ROOT / "RESULTS.md").read_text()
     if actual != expected:
         diff = "\n".join(

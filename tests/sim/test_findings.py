@@ -1,5 +1,5 @@
-"""Computed verdicts: t intervals, the learned rule and the claim verdicts against hand-worked values,
-and their placeholders in an experiment's prose."""
+"""Findings a reviewer can check: t intervals, the learned rule and the claim verdicts against hand-worked
+values, their placeholders in an experiment's prose, and the data sets' provenance in RESULTS.md."""
 
 from __future__ import annotations
 
@@ -117,3 +117,31 @@ def test_table_rows_in_prose_stay_rows(tmp_path: Path) -> None:
         fill(text, config, records)
         == "Intro wrapped.\n\n| arm | acc |\n|---|---|\n| a | 70.0 |\nAfter the table."
     )
+
+
+def test_provenance_takes_each_found_meta_and_keeps_the_committed_rest(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    import json
+
+    from fedprompt.sim.experiments.report import head, load_provenance, update_provenance
+
+    data = tmp_path / "datasets" / "toy"
+    data.mkdir(parents=True)
+    meta = {
+        "name": "Toy",
+        "source": "re-split 80/20 | seed 13 <br />",
+        "origin": "here",
+        "splits": {"train": {"rows": 1200}, "test": {"rows": 300}},
+    }
+    (data / "meta.json").write_text(json.dumps(meta))
+    figs = tmp_path / "results"
+    figs.mkdir()
+    (figs / "datasets.json").write_text(json.dumps({"gone": {"source": "kept", "train": 1, "test": 2}}))
+    monkeypatch.setenv("FEDPROMPT_DATASETS", str(tmp_path / "datasets"))
+    got = update_provenance({"toy", "absent"}, figs)
+    assert list(got) == ["gone", "toy"] and got["toy"]["train"] == 1200 and got["toy"]["test"] == 300
+    assert load_provenance(figs) == got
+    text = head(got)
+    assert "toy: re-split 80/20 \\| seed 13 &lt;br /> (1,200 train, 300 test)" in text
+    assert "gone: kept (1 train, 2 test)" in text
