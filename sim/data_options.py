@@ -108,7 +108,6 @@ def shard_lines(dataset: Dataset, opts: Any, seed: int | None = None) -> list[st
     lines = []
     for i, shard in enumerate(summary):
         train, per_label = shard["train"], shard["per_label"]
-        assert isinstance(train, int) and isinstance(per_label, dict)  # shard_summary's types, per key
         total = max(1, train)
         mix = ", ".join(f"{name} {100 * n / total:.0f} %" for name, n in per_label.items())
         lines.append(f"  client-{i}: {train} train ({mix}), {shard['eval']} eval")
