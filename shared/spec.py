@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import numpy as np
 from fedprompt.shared import drift
@@ -12,13 +12,13 @@ from fedprompt.shared.methods import tensor_shapes as method_tensor_shapes
 from fedprompt.shared.vocab import (
     SERVER_OPTIMIZER_DEFAULTS,
     AggregationRule,
+    ByText,
     DriftCorrection,
     EncoderType,
     Family,
     Method,
     Scoring,
     ServerOptimizer,
-    by_text,
 )
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -80,14 +80,14 @@ __all__ = [
 ]
 
 # The spec's fields of the vocabulary's names (shared/vocab.py), taken from their text.
-FamilyName = by_text(Family)
-MethodName = by_text(Method)
-EncoderTypeName = by_text(EncoderType)
-ScoringName = by_text(Scoring)
-DriftCorrectionName = by_text(DriftCorrection)
+FamilyName = Annotated[Family, ByText()]
+MethodName = Annotated[Method, ByText()]
+EncoderTypeName = Annotated[EncoderType, ByText()]
+ScoringName = Annotated[Scoring, ByText()]
+DriftCorrectionName = Annotated[DriftCorrection, ByText()]
 # the optimisers with defaults in SERVER_OPTIMIZER_DEFAULTS, each with its update rule in
-# coordinator/logic/server_optim.py (tests/shared/test_server_optimizer_registry.py checks both)
-ServerOptimizerName = by_text(ServerOptimizer, SERVER_OPTIMIZER_DEFAULTS)
+# coordinator/logic/server_optim.py (tests/coordinator/test_vocab_registries.py checks both)
+ServerOptimizerName = Annotated[ServerOptimizer, ByText(SERVER_OPTIMIZER_DEFAULTS)]
 
 
 class AggregationSpec(BaseModel):

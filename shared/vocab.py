@@ -4,25 +4,19 @@ compare against, defined once.
 Each is a `StrEnum`, so a member equals its text ("open" == RoundState.OPEN), is stored and sent as
 that text, and pydantic models typed with it validate and document (OpenAPI `enum`) the same values.
 Code that checks or compares one of these names uses the member, never the literal. A pydantic field
-that takes one of them from JSON or a dict is typed `by_text(TheEnum)`: pydantic's strict validation
-(the API's) takes only a member from Python input, never its text.
+that takes one of them from JSON or a dict is `Annotated[TheEnum, ByText()]`: pydantic's strict
+validation (the API's) takes only a member from Python input, never its text.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any, TypeVar
+from typing import Any
 
-from pydantic import (
-    SerializerFunctionWrapHandler,
-    ValidatorFunctionWrapHandler,
-    WrapSerializer,
-    WrapValidator,
-)
-from pydantic_core import PydanticCustomError
-
-E = TypeVar("E", bound=StrEnum)
+from pydantic import GetCoreSchemaHandler
+from pydantic_core import PydanticCustomError, core_schema
 
 
 def choices(names: Collection[str], *, quote: bool = True) -> str:
@@ -31,26 +25,38 @@ def choices(names: Collection[str], *, quote: bool = True) -> str:
     return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
 
 
-def by_text(enum: type[E], names: Collection[str] | None = None) -> Any:
-    """`enum` as a pydantic field type: a member, or a member's text (strict validation included), is
-    taken as the member; anything else is refused with "Input should be 'a', 'b' or 'c'", the message
-    of a Literal of the values. The JSON schema is the enum's (its values under `enum`).
+@dataclass(frozen=True)
+class ByText:
+    """A StrEnum field's pydantic metadata, `Annotated[TheEnum, ByText()]`: a member, or a member's text
+    (strict validation included), is taken as the member; anything else is refused with "Input should
+    be 'a', 'b' or 'c'", the message of a Literal of the values. The JSON schema is the enum's.
 
     `names`, read at each validation, are the names taken (default: the members'); one that is no
     member is kept, and written, as its text (a name registered beside the vocabulary, as in a test)."""
 
-    def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        if isinstance(value, enum):
-            return handler(value)
-        accepted = [m.value for m in enum] if names is None else list(names)
-        if isinstance(value, str) and value in accepted:
-            return enum._value2member_map_.get(value, value)
-        raise PydanticCustomError("enum", "Input should be {expected}", {"expected": choices(accepted)})
+    names: Collection[str] | None = None
 
-    def serialize(value: Any, handler: SerializerFunctionWrapHandler) -> Any:
-        return handler(value) if isinstance(value, enum) else str(value)
+    def __get_pydantic_core_schema__(
+        self, source: type[StrEnum], handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        names = self.names
 
-    return Annotated[enum, WrapValidator(validate), WrapSerializer(serialize)]
+        def validate(value: Any, inner: core_schema.ValidatorFunctionWrapHandler) -> Any:
+            if isinstance(value, source):
+                return inner(value)
+            accepted = [m.value for m in source] if names is None else list(names)
+            if isinstance(value, str) and value in accepted:
+                return source._value2member_map_.get(value, value)
+            raise PydanticCustomError("enum", "Input should be {expected}", {"expected": choices(accepted)})
+
+        def serialize(value: Any, inner: core_schema.SerializerFunctionWrapHandler) -> Any:
+            return inner(value) if isinstance(value, source) else str(value)
+
+        return core_schema.no_info_wrap_validator_function(
+            validate,
+            handler(source),
+            serialization=core_schema.wrap_serializer_function_ser_schema(serialize),
+        )
 
 
 class Family(StrEnum):

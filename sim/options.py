@@ -88,7 +88,7 @@ class SimulateOptions:
     secure_aggregation: bool = False
     secagg_clip: float | None = None
     precision: str = "auto"
-    drift_correction: str = "none"
+    drift_correction: str = DriftCorrection.NONE
     track: str | None = None
     dashboard_port: int | None = None
     resume: bool = False
@@ -377,7 +377,7 @@ def secure_aggregation_spec(opts: SimulateOptions, lr: float) -> dict[str, Any] 
 def federation_spec(opts: SimulateOptions, dataset: Dataset) -> tuple[FederationSpec, bytes | None]:
     """The spec of a new federation from the options and the local model, and its starting prompt
     (--init-prompt, else the model's vocabulary initialisation)."""
-    kwargs = {
+    kwargs: dict[str, Any] = {
         "template": dataset.template,
         "verbalizer": [list(words) for words in dataset.verbalizer or ()],
         "num_virtual_tokens": opts.num_virtual_tokens,
