@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fedprompt.shared.vocab import FederationState, RoundState
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -53,7 +54,7 @@ class Federation(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
-    state: Mapped[str] = mapped_column(String(16), default="waiting")
+    state: Mapped[str] = mapped_column(String(16), default=FederationState.WAITING)
     paused: Mapped[bool] = mapped_column(Boolean, default=False)
     current_round: Mapped[int] = mapped_column(Integer, default=0)
     latest_version: Mapped[int] = mapped_column(Integer, default=0)
@@ -107,7 +108,7 @@ class Round(Base):
     federation_id: Mapped[int] = mapped_column(ForeignKey("federations.id", ondelete="CASCADE"), index=True)
     number: Mapped[int] = mapped_column(Integer)
     attempt: Mapped[int] = mapped_column(Integer, default=1)
-    state: Mapped[str] = mapped_column(String(16), default="open")
+    state: Mapped[str] = mapped_column(String(16), default=RoundState.OPEN)
     base_version: Mapped[int] = mapped_column(Integer)
     result_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
     opened_at: Mapped[float] = mapped_column(Float)

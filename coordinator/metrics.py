@@ -31,6 +31,7 @@ from fedprompt.coordinator.errors import (
     Unauthorized,
 )
 from fedprompt.coordinator.paths import UPLOAD_ROUTE
+from fedprompt.shared.vocab import RoundState
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     GC_COLLECTOR,
@@ -60,7 +61,8 @@ UNMATCHED = "<unmatched>"
 # No `_created` series beside every counter and histogram (a timestamp per label set, which
 # Prometheus does not need and which doubles the scrape's series).
 disable_created_metrics()
-ROUND_STATES = ("open", "closed", "failed")
+# the committed states of a round (aggregating lasts only inside the transaction that closes it)
+ROUND_STATES = (RoundState.OPEN, RoundState.CLOSED, RoundState.FAILED)
 _ERRORS: tuple[type[ServiceError], ...] = (
     Unauthorized,
     Forbidden,
@@ -215,7 +217,7 @@ class DatabaseGauges(Collector):
             up.add_metric([], 1)
             for state, n in sorted(counts["federations"].items()):
                 feds.add_metric([state], n)
-            for state in sorted({*ROUND_STATES, "aggregating", *counts["rounds"]}):
+            for state in sorted({*ROUND_STATES, RoundState.AGGREGATING, *counts["rounds"]}):
                 rounds.add_metric([state], counts["rounds"].get(state, 0))
             for fid, c in sorted(counts["clients"].items()):
                 for family, (_, _, value_of) in zip(singles, per_federation, strict=True):
@@ -298,7 +300,7 @@ class CoordinatorMetrics:
         if t.state not in ROUND_STATES:
             return
         self.rounds.labels(t.state).inc()
-        if t.seconds is not None and t.state in ("closed", "failed"):
+        if t.seconds is not None and t.state in (RoundState.CLOSED, RoundState.FAILED):
             self.round_seconds.labels(t.state).observe(max(t.seconds, 0.0))
 
     def observe_request(
@@ -351,7 +353,12 @@ def log_transition(t: RoundTransition) -> None:
     """One structured log line per committed round transition."""
     if t.state not in ROUND_STATES:
         return
-    name = {"open": "round_opened", "closed": "round_closed", "failed": "round_failed"}[t.state]
+    names: dict[str, str] = {
+        RoundState.OPEN: "round_opened",
+        RoundState.CLOSED: "round_closed",
+        RoundState.FAILED: "round_failed",
+    }
+    name = names[t.state]
     fields: dict[str, Any] = {
         "federation_id": t.federation_id,
         "round": t.round,

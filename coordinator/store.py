@@ -35,6 +35,7 @@ from fedprompt.coordinator.errors import Forbidden, Invalid, NotFound
 from fedprompt.coordinator.logic.evaluation import BEST_RULE, best_version, summarize_evaluations
 from fedprompt.coordinator.writelock import WriteLock
 from fedprompt.shared.spec import FederationSpec
+from fedprompt.shared.vocab import RoundState
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer, sessionmaker
 
@@ -136,7 +137,9 @@ class Store:
         )
 
     def open_round(self, s: Session, fid: int) -> Round | None:
-        return s.scalars(select(Round).where(Round.federation_id == fid, Round.state == "open")).first()
+        return s.scalars(
+            select(Round).where(Round.federation_id == fid, Round.state == RoundState.OPEN)
+        ).first()
 
     def count_updates(self, s: Session, round_id: int) -> int:
         return s.scalar(select(func.count()).select_from(Update).where(Update.round_id == round_id)) or 0

@@ -16,9 +16,20 @@ from fedprompt.coordinator.db import MAX_ID
 from fedprompt.coordinator.logic.specs import validate_spec
 from fedprompt.coordinator.logic.uploads import UploadReceipt
 from fedprompt.shared.spec import NAME_PATTERN, FederationSpec
+from fedprompt.shared.vocab import FederationState, RoundState, SecureStage, TaskKind
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator
 
 __all__ = ["UploadReceipt"]  # an upload's answer: defined once, with the upload's checks
+
+# Sets of the vocabulary's names (shared/vocab.py) as the API shows them: a round as committed (its
+# aggregating state lasts only inside the transaction that closes it), a federation's state, a task's
+# kind, and the stages a secagg task asks a client to answer (the masked stage's task is a train task).
+FederationStateName = Literal[
+    FederationState.WAITING, FederationState.RUNNING, FederationState.PAUSED, FederationState.COMPLETED
+]
+RoundStateShown = Literal[RoundState.OPEN, RoundState.CLOSED, RoundState.FAILED]
+TaskKindName = Literal[TaskKind.EVALUATE, TaskKind.TRAIN, TaskKind.SECAGG, TaskKind.DONE]
+SecaggTaskStage = Literal[SecureStage.KEYS, SecureStage.SHARES, SecureStage.CONSISTENCY, SecureStage.UNMASK]
 
 # -- request parameters and bodies ---------------------------------------------------------------
 
@@ -180,7 +191,7 @@ class BestVersion(_Open):
 class RoundSummary(_Open):
     round: int
     attempt: int
-    state: Literal["open", "closed", "failed"]
+    state: RoundStateShown
     base_version: int
     result_version: int | None
     opened_at: float
@@ -208,7 +219,7 @@ class ClientCounts(_Open):
 class FederationStatus(_Open):
     id: int
     name: str
-    state: str
+    state: FederationStateName
     paused: bool
     current_round: int
     rounds_total: int
@@ -285,14 +296,14 @@ class Task(_Open):
     """What a client should do next: evaluate a version, train for a round, answer a secure round's
     stage (secagg: keys, shares or unmask; docs/secure-aggregation.md), or stop."""
 
-    kind: Literal["evaluate", "train", "secagg", "done"]
+    kind: TaskKindName
     round: int
     version: int
     sha256: str | None = None
     attempt: int | None = None
     deadline_at: float | None = None
     config: dict[str, Any] | None = None
-    stage: Literal["keys", "shares", "consistency", "unmask"] | None = None
+    stage: SecaggTaskStage | None = None
     secure_aggregation: dict[str, Any] | None = Field(
         None, description="A secure round's train task: what the masked upload needs."
     )

@@ -8,8 +8,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from fedprompt.coordinator.logic.round_states import STAGES
 from fedprompt.coordinator.logic.sites import count_states
 from fedprompt.shared.spec import FederationSpec
+from fedprompt.shared.vocab import FederationState, Method, RoundState, SecureStage
 from pydantic import ValidationError
 
 FLOAT32_BYTES = 4
@@ -36,7 +38,7 @@ def pick_federation(statuses: list[dict[str, Any]], wanted: int | None) -> int |
     ids = [s["id"] for s in statuses]
     if wanted in ids:
         return wanted
-    running = [s["id"] for s in statuses if s["state"] == "running"]
+    running = [s["id"] for s in statuses if s["state"] == FederationState.RUNNING]
     return (running or ids or [None])[-1]
 
 
@@ -95,9 +97,6 @@ def timeline(
     return rows
 
 
-SECURE_STAGES = ("keys", "shares", "masked", "consistency", "unmask")
-
-
 def secure_summary(r: dict[str, Any], names: dict[int, str] | None = None) -> dict[str, Any] | None:
     """A secure round's timeline: its running stage and that stage's deadline, how many clients
     answered each stage so far, and who dropped at which stage, by name."""
@@ -110,8 +109,8 @@ def secure_summary(r: dict[str, Any], names: dict[int, str] | None = None) -> di
     return {
         "stage": running,
         "deadline_at": live.get("stage_deadline_at") if running else None,
-        "stages": [(stage, len(completed[stage])) for stage in SECURE_STAGES if stage in completed],
-        "survivors": len(completed.get("masked") or []) if "masked" in completed else None,
+        "stages": [(stage, len(completed[stage])) for stage in STAGES if stage in completed],
+        "survivors": len(completed[SecureStage.MASKED] or []) if SecureStage.MASKED in completed else None,
         "dropped": [
             (names.get(int(cid), f"client {cid}"), stage)
             for cid, stage in sorted((live.get("dropped_at") or {}).items(), key=lambda item: int(item[0]))
@@ -132,7 +131,7 @@ def series(
         evals[0] = initial
     stats: dict[int, dict[str, Any]] = {}
     for r in rounds:
-        if r["state"] == "closed" and r.get("result_version") is not None:
+        if r["state"] == RoundState.CLOSED and r.get("result_version") is not None:
             if r.get("evaluation"):
                 evals[r["result_version"]] = r["evaluation"]
             stats[r["result_version"]] = r.get("stats") or {}
@@ -172,7 +171,7 @@ def communication(status: dict[str, Any]) -> dict[str, Any]:
     up = int(totals.get("bytes_up") or 0)
     ratio = led.get("comm_ratio")
     return {
-        "method": spec.get("method", "prompt_tuning"),
+        "method": spec.get("method", Method.PROMPT_TUNING),
         "prompt_shape": prompt_shape(spec),
         "prompt_parameters": params,
         "prompt_bytes": params * FLOAT32_BYTES,
@@ -199,7 +198,7 @@ def federation_detail(
     names = {c["id"]: c["name"] for c in clients}
     missed: dict[int, int] = {}
     for r in rounds:
-        if r["state"] in ("closed", "failed"):
+        if r["state"] in (RoundState.CLOSED, RoundState.FAILED):
             for p in r["participants"]:
                 if not p["uploaded"]:
                     missed[p["client_id"]] = missed.get(p["client_id"], 0) + 1
@@ -216,7 +215,7 @@ def federation_detail(
         "name": status["name"],
         "state": status["state"],
         "paused": bool(status["paused"]),
-        "completed": status["state"] == "completed",
+        "completed": status["state"] == FederationState.COMPLETED,
         "current_round": status["current_round"],
         "rounds_total": status["rounds_total"],
         "latest_version": status["latest_version"],
@@ -231,7 +230,7 @@ def federation_detail(
         "participants": participants,
         "uploaded": sum(1 for p in participants if p["uploaded"]),
         "timeline": timeline(rounds, int(spec.get("quorum", 1)), now, names),
-        "failures": sum(1 for r in rounds if r["state"] == "failed"),
+        "failures": sum(1 for r in rounds if r["state"] == RoundState.FAILED),
         "retries": sum(1 for r in rounds if r["attempt"] > 1),
         "series": charts,
         "communication": communication(status),

@@ -29,12 +29,11 @@ from typing import Any
 
 import numpy as np
 from fedprompt.coordinator.errors import Conflict, Invalid
+from fedprompt.coordinator.logic.round_states import STAGES
 from fedprompt.shared.secagg import graph, protocol, quantise, shamir, shares, signing
 from fedprompt.shared.secagg.client import Policy
 from fedprompt.shared.spec import FederationSpec, SecureAggregationSpec
-
-STAGES = ("keys", "shares", "masked", "consistency", "unmask")
-NEXT = {"keys": "shares", "shares": "masked", "masked": "consistency", "consistency": "unmask"}
+from fedprompt.shared.vocab import SecureStage
 
 
 @dataclass(frozen=True)
@@ -126,11 +125,11 @@ def stage_outcome(
     answered = arrived & expected
     if answered != expected and not deadline_passed:
         return StageOutcome("wait")
-    need = max(t, floor, quorum) if stage == "masked" else max(t, floor)
+    need = max(t, floor, quorum) if stage == SecureStage.MASKED else max(t, floor)
     if len(answered) < need:
         what = (
             "the quorum, threshold and minimum of clients"
-            if stage == "masked"
+            if stage == SecureStage.MASKED
             else "the threshold and minimum of clients"
         )
         return StageOutcome(
@@ -301,7 +300,7 @@ def round_record(
 ) -> dict[str, Any]:
     """What the round's stats say of its secure aggregation: k, t, the bound, who completed each stage
     and who dropped where (client ids)."""
-    view = stage_view(plan_, "done", reached)
+    view = stage_view(plan_, SecureStage.DONE, reached)
     return {
         "k": plan_.k,
         "t": plan_.t,

@@ -17,6 +17,7 @@ from fedprompt.coordinator.db import MAX_ID
 from fedprompt.coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound
 from fedprompt.shared import jsonlimits, wire
 from fedprompt.shared.spec import FederationSpec
+from fedprompt.shared.vocab import RoundState
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ def check_update(
         if upd is not None and upd.sha256 == digest:
             return UploadResult(number, rnd.attempt, cid, digest, upd.num_samples, upd.size, created=False)
     current = attempts[0]
-    if current.state != "open":
+    if current.state != RoundState.OPEN:
         raise Gone(f"round {number} is {current.state}; the current round is {current_round}")
     if (current.id, cid) in stored:
         raise no_replacing(cid, number)

@@ -11,6 +11,7 @@ from fedprompt.coordinator.errors import Conflict, Forbidden, NotFound, Unauthor
 from fedprompt.coordinator.security import hash_token, new_token
 from fedprompt.coordinator.store import Store
 from fedprompt.coordinator.usecases.rounds import RoundCycle
+from fedprompt.shared.vocab import FederationState
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
@@ -110,7 +111,7 @@ class Enrolment:
             note = record_model_parameters(fed, spec.params_full_model, model_parameters)
             message += f"; {note}" if note else ""
             self.store.event(s, fid, "client_enrolled", message)
-            if fed.state == "waiting" and spec.auto_advance:
+            if fed.state == FederationState.WAITING and spec.auto_advance:
                 self.cycle.advance(s, fed, manual=False)
         return client, client_token
 

@@ -7,12 +7,14 @@ from typing import Any
 
 from fedprompt.coordinator.db import Federation, PromptVersion
 from fedprompt.coordinator.errors import Conflict, Invalid
+from fedprompt.coordinator.logic.round_states import FEDERATION_START
 from fedprompt.coordinator.logic.specs import check_aggregation, validate_spec
 from fedprompt.coordinator.store import Store
 from fedprompt.coordinator.usecases.reads import Reads
 from fedprompt.coordinator.usecases.rounds import RoundCycle
 from fedprompt.shared import export, wire
 from fedprompt.shared.spec import FederationSpec, initial_prompt
+from fedprompt.shared.vocab import FederationState
 from sqlalchemy import select
 
 
@@ -56,7 +58,7 @@ class Federations:
             fed = Federation(
                 name=spec.name,
                 spec=spec.model_dump(mode="json"),
-                state="waiting",
+                state=FEDERATION_START,
                 paused=False,
                 current_round=0,
                 latest_version=0,
@@ -96,7 +98,7 @@ class Federations:
         """Pause (no new rounds open automatically) or resume (open the next round if due)."""
         with self.store.tx() as s:
             fed = self.store.lock_federation(s, fid)
-            if fed.state == "completed":
+            if fed.state == FederationState.COMPLETED:
                 raise Conflict(f"federation {fid} is completed; there is nothing to pause or resume")
             fed.paused = paused
             fed.updated_at = self.store.clock()

@@ -23,6 +23,7 @@ from fedprompt.coordinator.logic.roundstats import privacy_record
 from fedprompt.coordinator.logic.sites import count_states, site_state
 from fedprompt.coordinator.store import Store
 from fedprompt.shared.spec import STALE_HEARTBEATS, FederationSpec, PrivacySpec, heartbeat_interval
+from fedprompt.shared.vocab import RoundState
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -51,7 +52,7 @@ class Reads:
             open_round = self.store.open_round(s, fid)
             latest_closed = s.scalars(
                 select(Round)
-                .where(Round.federation_id == fid, Round.state == "closed")
+                .where(Round.federation_id == fid, Round.state == RoundState.CLOSED)
                 .order_by(Round.number.desc())
                 .limit(1)
             ).first()
@@ -72,7 +73,7 @@ class Reads:
             }
             closed = s.execute(
                 select(Round.number, Round.stats)
-                .where(Round.federation_id == fid, Round.state == "closed")
+                .where(Round.federation_id == fid, Round.state == RoundState.CLOSED)
                 .order_by(Round.number)
             ).all()
             out["ledger"] = ledger(
@@ -120,7 +121,7 @@ class Reads:
             return {}
         plan = secagg_rules.Plan.from_json(row.plan)
         view = secagg_rules.stage_view(plan, row.stage, row.reached)
-        if rnd.state == "open":  # the running stage's deadline (the round's moves with each stage)
+        if rnd.state == RoundState.OPEN:  # the running stage's deadline (the round's moves with each stage)
             view |= {"stage_started_at": row.stage_started_at, "stage_deadline_at": rnd.deadline_at}
         return {"secure_aggregation": view}
 
@@ -276,13 +277,16 @@ class Reads:
                 select(Client.federation_id, Client.revoked_at, Client.last_seen_at, Client.activity)
             ).all()
             open_rounds = dict(
-                s.execute(select(Round.federation_id, Round.number).where(Round.state == "open")).all()
+                s.execute(
+                    select(Round.federation_id, Round.number).where(Round.state == RoundState.OPEN)
+                ).all()
             )
             secure = [fid for fid, _, spec, *_ in feds if (spec or {}).get("secure_aggregation")]
             secure_stats = (  # only secure federations' rounds say who dropped where
                 s.execute(
                     select(Round.federation_id, Round.stats).where(
-                        Round.federation_id.in_(secure), Round.state.in_(("closed", "failed"))
+                        Round.federation_id.in_(secure),
+                        Round.state.in_((RoundState.CLOSED, RoundState.FAILED)),
                     )
                 ).all()
                 if secure

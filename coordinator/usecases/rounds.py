@@ -29,6 +29,13 @@ from fedprompt.coordinator.logic.aggregation import (
     aggregate,
     fedavg_stream,
 )
+from fedprompt.coordinator.logic.round_states import (
+    ROUND_START,
+    FederationEvent,
+    RoundEvent,
+    federation_after,
+    round_after,
+)
 from fedprompt.coordinator.logic.roundstats import round_stats
 from fedprompt.coordinator.logic.selection import select_clients
 from fedprompt.coordinator.logic.uploads import declared_samples
@@ -37,6 +44,7 @@ from fedprompt.coordinator.usecases.reads import Reads, privacy_of
 from fedprompt.coordinator.usecases.secagg import SecureRounds
 from fedprompt.shared import drift, wire
 from fedprompt.shared.spec import FederationSpec, ServerOptimizerSpec
+from fedprompt.shared.vocab import AggregationRule, FederationState, RoundState, ServerOptimizer
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, defer
 
@@ -56,7 +64,7 @@ class RoundCycle:
         with self.store.tx() as s:
             fed = self.store.lock_federation(s, fid)
             spec = self.store.spec_of(fed)
-            if fed.state == "completed":
+            if fed.state == FederationState.COMPLETED:
                 raise Conflict(f"federation {fid} has completed all {spec.rounds} rounds")
             current = self.store.open_round(s, fid)
             if current is not None:
@@ -93,13 +101,14 @@ class RoundCycle:
         """Enforce deadlines, close complete rounds and start due ones (run periodically by every process)."""
         now = self.store.clock()
         with self.store.sessions() as s:
-            feds = s.scalars(select(Federation).where(Federation.state.in_(("waiting", "running")))).all()
+            live = (FederationState.WAITING, FederationState.RUNNING)
+            feds = s.scalars(select(Federation).where(Federation.state.in_(live))).all()
             todo = [(f.id, f.state) for f in feds]
         for fid, state in todo:
-            if state == "waiting":
+            if state == FederationState.WAITING:
                 with self.store.tx() as s:
                     fed = self.store.lock_federation(s, fid)
-                    if fed.state == "waiting":
+                    if fed.state == FederationState.WAITING:
                         self.advance(s, fed, manual=False)
                 continue
             with self.store.sessions() as s:
@@ -156,7 +165,9 @@ class RoundCycle:
     def after_upload(self, fid: int) -> None:
         """Close the round now if that upload was the last one missing."""
         with self.store.sessions() as s:  # the upload route calls it when its batch completed the round
-            rnd = s.execute(select(Round.id).where(Round.federation_id == fid, Round.state == "open")).first()
+            rnd = s.execute(
+                select(Round.id).where(Round.federation_id == fid, Round.state == RoundState.OPEN)
+            ).first()
             secure = self.store.spec(s, fid).secure_aggregation is not None  # its stages decide
             due = rnd is not None and (secure or self.store.all_uploaded(s, rnd))
         if due:
@@ -165,14 +176,16 @@ class RoundCycle:
     def advance(self, s: Session, fed: Federation, *, manual: bool) -> Round | None:
         """Open the next round if the federation is due one (caller holds the federation lock)."""
         spec = self.store.spec_of(fed)
-        if fed.state == "completed" or self.store.open_round(s, fed.id) is not None:
+        if fed.state == FederationState.COMPLETED or self.store.open_round(s, fed.id) is not None:
             return None
         if not manual and (fed.paused or not spec.auto_advance):
-            fed.state = "paused" if fed.paused else "waiting"
+            fed.state = federation_after(
+                fed.state, FederationEvent.PAUSE if fed.paused else FederationEvent.WAIT
+            )
             return None
         number, attempt = self._next_round(s, fed)
         if number > spec.rounds:
-            fed.state = "completed"
+            fed.state = federation_after(fed.state, FederationEvent.COMPLETE)
             return None
         return self._start_round(s, fed, number, attempt)
 
@@ -210,7 +223,7 @@ class RoundCycle:
         # count first: while clients enrol one by one, each enrolment asks and most answers are "not yet"
         available_now = self._availability(fed, spec)
         if s.scalar(select(func.count(Client.id)).where(*available_now)) < needed:
-            fed.state = "waiting"
+            fed.state = federation_after(fed.state, FederationEvent.WAIT)
             return None
         available = list(s.scalars(select(Client.id).where(*available_now)).all())
         chosen = select_clients(
@@ -221,7 +234,7 @@ class RoundCycle:
             federation_id=fed.id,
             number=number,
             attempt=attempt,
-            state="open",
+            state=ROUND_START,
             base_version=number - 1,
             opened_at=now,
             deadline_at=now + spec.round_deadline_s,
@@ -232,7 +245,8 @@ class RoundCycle:
         s.add_all(Participant(round_id=rnd.id, client_id=cid) for cid in chosen)
         if spec.secure_aggregation is not None:
             self.secure.start(s, spec, rnd, chosen)
-        fed.current_round, fed.state, fed.updated_at = number, "running", now
+        fed.current_round, fed.updated_at = number, now
+        fed.state = federation_after(fed.state, FederationEvent.OPEN_ROUND)
         message = f"round {number} attempt {attempt} opened with clients {chosen}"
         self.store.event(s, fed.id, "round_opened", message, number)
         return rnd
@@ -246,7 +260,7 @@ class RoundCycle:
         ).first()
         if last is None:
             return 1, 1
-        if last.state == "failed":
+        if last.state == RoundState.FAILED:
             return last.number, last.attempt + 1
         return last.number + 1, 1
 
@@ -288,10 +302,11 @@ class RoundCycle:
 
     def _fail(self, s: Session, fed: Federation, rnd: Round, reason: str) -> None:
         """Fail the round attempt and retry it at once with a fresh selection (lock held)."""
-        rnd.state, rnd.closed_at = "failed", self.store.clock()
-        rnd.failure_reason = reason
+        secure = self.store.spec_of(fed).secure_aggregation is not None
+        rnd.state = round_after(rnd.state, RoundEvent.FAIL, secure=secure)
+        rnd.closed_at, rnd.failure_reason = self.store.clock(), reason
         self.store.event(s, fed.id, "round_failed", rnd.failure_reason, rnd.number)
-        fed.state = "waiting"
+        fed.state = federation_after(fed.state, FederationEvent.END_ROUND)
         if not fed.paused:  # retry at once with a fresh selection
             self.advance(s, fed, manual=True)
 
@@ -300,8 +315,9 @@ class RoundCycle:
     def _aggregate(self, s: Session, fed: Federation, rnd: Round, *, by: str) -> None:
         """Aggregate a round into the next prompt version and open the next round (lock held)."""
         started = time.perf_counter()
-        rnd.state = "aggregating"
         spec = self.store.spec_of(fed)
+        secure_round = spec.secure_aggregation is not None
+        rnd.state = round_after(rnd.state, RoundEvent.AGGREGATE, secure=secure_round)
         updates = s.scalars(
             select(Update)
             .options(defer(Update.blob))
@@ -317,10 +333,12 @@ class RoundCycle:
         controls: list[dict[str, np.ndarray]] | None = [] if spec.scaffold else None  # SCAFFOLD's Δc_i
         secure: dict[str, Any] | None = None
         try:
-            if spec.secure_aggregation is not None:
+            if secure_round:
                 tensors, secure = self.secure.aggregate(s, spec, rnd, wire.decode(base.blob)[0])
                 result = AggregationResult(tensors)
-            elif spec.aggregation.name == "fedavg":  # streams: one decoded update in memory at a time
+            elif (
+                spec.aggregation.name == AggregationRule.FEDAVG
+            ):  # streams: one decoded update in memory at a time
                 total = float(sum(u.num_samples for u in updates))
                 decoded = decoded_updates(s, rnd, canonical=True, declared=declared, controls=controls)
                 result = AggregationResult(fedavg_stream(decoded, total))
@@ -333,7 +351,7 @@ class RoundCycle:
                 )
             server_step: dict[str, Any] | None = None
             optimizer = spec.server_optimizer
-            if (optimizer is not None and optimizer.name != "fedavg") or controls is not None:
+            if (optimizer is not None and optimizer.name != ServerOptimizer.FEDAVG) or controls is not None:
                 result, server_step = self._server_step(s, fed.id, rnd, optimizer, base, result, controls)
         except AggregationError as exc:
             raise Conflict(f"aggregation failed: {exc}") from None
@@ -370,15 +388,16 @@ class RoundCycle:
         )
         if secure is not None:
             rnd.stats = {**rnd.stats, "secure_aggregation": secure}
-        rnd.state, rnd.result_version, rnd.closed_at, rnd.closed_by = "closed", version, now, by
+        rnd.state = round_after(rnd.state, RoundEvent.CLOSE, secure=secure_round)
+        rnd.result_version, rnd.closed_at, rnd.closed_by = version, now, by
         fed.latest_version, fed.updated_at = version, now
         message = f"round {rnd.number} aggregated {len(updates)} update(s)"
         self.store.event(s, fed.id, "round_closed", message, rnd.number)
         if rnd.number >= spec.rounds:
-            fed.state = "completed"
+            fed.state = federation_after(fed.state, FederationEvent.COMPLETE)
             self.store.event(s, fed.id, "completed", f"all {spec.rounds} rounds done")
         else:
-            fed.state = "waiting"
+            fed.state = federation_after(fed.state, FederationEvent.END_ROUND)
             self.advance(s, fed, manual=False)
 
     def _server_step(
@@ -407,7 +426,7 @@ class RoundCycle:
         state, control = drift.split(server_optim.decode_state(held) if held is not None else {})
         x = wire.decode(base.blob)[0]
         tensors, new_state, record = result.tensors, {}, None
-        if optimizer is not None and optimizer.name != "fedavg":
+        if optimizer is not None and optimizer.name != ServerOptimizer.FEDAVG:
             step = server_optim.server_step(optimizer.name, x, result.tensors, state, optimizer.params())
             tensors, new_state = step.tensors, step.state
             record = {
@@ -429,7 +448,7 @@ class RoundCycle:
             except drift.DriftError as exc:
                 raise AggregationError(str(exc)) from None
             new_state = {**new_state, **drift.prefixed(after)}
-        name = optimizer.name if optimizer is not None else "fedavg"
+        name = optimizer.name if optimizer is not None else ServerOptimizer.FEDAVG
         s.execute(
             delete(ServerOptimizerState).where(
                 ServerOptimizerState.federation_id == fid, ServerOptimizerState.version < rnd.number

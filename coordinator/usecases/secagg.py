@@ -28,12 +28,14 @@ from fedprompt.coordinator.db import (
 from fedprompt.coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound
 from fedprompt.coordinator.logic import secagg as rules
 from fedprompt.coordinator.logic.aggregation import AggregationError
+from fedprompt.coordinator.logic.round_states import STAGE_START, STAGES, StageEvent, stage_after
 from fedprompt.coordinator.logic.uploads import UploadResult
 from fedprompt.coordinator.store import Store
 from fedprompt.coordinator.usecases import secagg_messages as msgs
 from fedprompt.shared import wire
 from fedprompt.shared.secagg import protocol, quantise, shamir, signing
 from fedprompt.shared.spec import FederationSpec
+from fedprompt.shared.vocab import RoundState, SecureStage, TaskKind
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
@@ -94,7 +96,11 @@ class SecureRounds:
         rnd.deadline_at = rnd.opened_at + spec.secure_aggregation.stage_deadline_s
         s.add(
             SecaggRound(
-                round_id=rnd.id, stage="keys", plan=plan.as_json(), reached={}, stage_started_at=rnd.opened_at
+                round_id=rnd.id,
+                stage=STAGE_START,
+                plan=plan.as_json(),
+                reached={},
+                stage_started_at=rnd.opened_at,
             )
         )
 
@@ -105,7 +111,7 @@ class SecureRounds:
         assert spec.secure_aggregation is not None
         plan = self._plan(sa_row)
         now = self.store.clock()
-        while sa_row.stage in rules.STAGES:
+        while sa_row.stage in STAGES:
             stage = sa_row.stage
             expected = msgs.expected_numbers(sa_row, plan)
             deadline_passed = rnd.deadline_at <= now
@@ -128,21 +134,21 @@ class SecureRounds:
                 reached[stage] = sorted(outcome.survivors)
             sa_row.reached = reached
             if outcome.action == "fail":
-                sa_row.stage = "failed"
+                sa_row.stage = stage_after(stage, StageEvent.FAIL)
                 return outcome
-            if stage == "unmask":
+            if stage == SecureStage.UNMASK:
                 missing = msgs.missing_shares(s, rnd.id, plan, reached)
                 if missing:
-                    sa_row.stage = "failed"
+                    sa_row.stage = stage_after(stage, StageEvent.FAIL)
                     client_of = plan.client_of()
                     return rules.StageOutcome(
                         "fail",
                         reason="secure aggregation: fewer than t = "
                         f"{plan.t} shares arrived for the secrets of clients {[client_of[j] for j in missing]}",
                     )
-                sa_row.stage = "done"
+                sa_row.stage = stage_after(stage, StageEvent.COMPLETE)
                 return outcome
-            if stage == "keys":  # the roster is in: draw the graph from its hash
+            if stage == SecureStage.KEYS:  # the roster is in: draw the graph from its hash
                 roster = {
                     j: signing.roster_digest(plan.client_of()[j], advert)
                     for j, advert in msgs.adverts(s, rnd.id, plan, sorted(outcome.survivors)).items()
@@ -150,11 +156,11 @@ class SecureRounds:
                 context = protocol.round_context(rnd.federation_id, rnd.number, rnd.attempt)
                 plan = rules.graph_plan(plan, roster, rules.policy(spec), context)
                 sa_row.plan = plan.as_json()
-            sa_row.stage = rules.NEXT[stage]
+            sa_row.stage = stage_after(stage, StageEvent.COMPLETE)
             sa_row.stage_started_at = now
             span = (
                 spec.round_deadline_s
-                if sa_row.stage == "masked"
+                if sa_row.stage == SecureStage.MASKED
                 else spec.secure_aggregation.stage_deadline_s
             )
             rnd.deadline_at = now + span
@@ -178,7 +184,7 @@ class SecureRounds:
         assert sa is not None
         sa_row = self._row(s, rnd.id)
         plan = self._plan(sa_row)
-        survivors = set(sa_row.reached["masked"])
+        survivors = set(sa_row.reached[SecureStage.MASKED])
         shapes = spec.tensor_shapes()
         length = sum(int(np.prod(shape)) for shape in shapes.values())
         total = np.zeros(length, dtype=np.uint64)
@@ -234,7 +240,7 @@ class SecureRounds:
             return None
         stage = sa_row.stage
         reached = sa_row.reached
-        if stage != "keys" and own not in reached.get(msgs.stage_before(stage), []):
+        if stage != SecureStage.KEYS and own not in reached.get(msgs.stage_before(stage), []):
             return None
         posted = s.scalar(
             select(SecaggMessage.id)
@@ -245,16 +251,16 @@ class SecureRounds:
             )
             .limit(1)
         )
-        if stage == "masked":
+        if stage == SecureStage.MASKED:
             posted = s.scalar(
                 select(Update.id).where(Update.round_id == rnd.id, Update.client_id == client_id)
             )
-        if posted is not None or stage in ("done", "failed"):
+        if posted is not None or stage in (SecureStage.DONE, SecureStage.FAILED):
             return None
         sa = spec.secure_aggregation
         assert sa is not None
         base = {
-            "kind": "secagg",
+            "kind": TaskKind.SECAGG,
             "stage": stage,
             "round": rnd.number,
             "attempt": rnd.attempt,
@@ -263,25 +269,25 @@ class SecureRounds:
             "t": plan.t,
             "deadline_at": rnd.deadline_at,
         }
-        if stage == "keys":
+        if stage == SecureStage.KEYS:
             return {**base, "client_id": client_id}
-        if stage == "shares":
+        if stage == SecureStage.SHARES:
             client_of = plan.client_of()
-            peers = rules.recipients(plan, own, set(reached["keys"]))
+            peers = rules.recipients(plan, own, set(reached[SecureStage.KEYS]))
             adverts = msgs.adverts(s, rnd.id, plan, peers)
             return {
                 **base,
                 "k": plan.k,
-                "roster": self._roster(s, rnd.id, plan, reached["keys"]),
+                "roster": self._roster(s, rnd.id, plan, reached[SecureStage.KEYS]),
                 "neighbours": {str(j): {"client_id": client_of[j], **adverts[j]} for j in peers},
             }
-        if stage == "consistency":
-            return {**base, "survivors": reached["masked"]}
+        if stage == SecureStage.CONSISTENCY:
+            return {**base, "survivors": reached[SecureStage.MASKED]}
         envelopes = msgs.envelopes_to(s, rnd.id, plan, client_id)
         keys = msgs.advertised_keys(s, rnd.id, plan, list(envelopes))
         peers = {str(j): msgs.keys_json(keys[j]) for j in envelopes}
         env = {str(j): base64.b64encode(e).decode() for j, e in envelopes.items()}
-        if stage == "masked":
+        if stage == SecureStage.MASKED:
             return {
                 **base,
                 "envelopes": env,
@@ -289,8 +295,8 @@ class SecureRounds:
                 "clip": sa.clip,
                 "bits": sa.bits,
             }
-        survivors = reached["masked"]
-        dropped = sorted(set(reached["shares"]) - set(survivors))
+        survivors = reached[SecureStage.MASKED]
+        dropped = sorted(set(reached[SecureStage.SHARES]) - set(survivors))
         # only its neighbours' signatures: the ones it checks (the consistency check of shared/secagg/client.py)
         mine = set(plan.neighbours.get(own, []))
         signatures = {j: sig for j, sig in msgs.consistency_signatures(s, rnd.id, plan).items() if j in mine}
@@ -315,7 +321,7 @@ class SecureRounds:
             rnd, sa_row, plan, own = self._place(s, fid, number, client, spec)
             reached = sa_row.reached
             context = protocol.round_context(fid, number, rnd.attempt)
-            if stage == "keys":
+            if stage == SecureStage.KEYS:
                 pinned = s.scalar(select(Client.signing_key).where(Client.id == client.id))
                 advert = rules.parse_keys(payload, context, own, client.id, pinned)
                 rows = {0: json.dumps(advert, sort_keys=True).encode()}
@@ -323,26 +329,27 @@ class SecureRounds:
                     s.execute(
                         update(Client).where(Client.id == client.id).values(signing_key=advert["signing_key"])
                     )
-            elif stage == "consistency":
-                if own not in reached.get("masked", []):
+            elif stage == SecureStage.CONSISTENCY:
+                if own not in reached.get(SecureStage.MASKED, []):
                     raise self._not_now(stage, sa_row.stage, number)
                 key = s.scalar(select(Client.signing_key).where(Client.id == client.id))
                 if key is None:
                     raise Invalid(f"client {client.id} has no signing key: it advertised no keys")
-                message = signing.consistency_message(context, bytes.fromhex(plan.seed), reached["masked"])
+                masked = reached[SecureStage.MASKED]
+                message = signing.consistency_message(context, bytes.fromhex(plan.seed), masked)
                 rows = {0: json.dumps({"signature": rules.parse_consistency(payload, key, message)}).encode()}
-            elif stage == "shares":
-                if own not in reached.get("keys", []):
+            elif stage == SecureStage.SHARES:
+                if own not in reached.get(SecureStage.KEYS, []):
                     raise self._not_now(stage, sa_row.stage, number)
-                expected = rules.recipients(plan, own, set(reached["keys"]))
+                expected = rules.recipients(plan, own, set(reached[SecureStage.KEYS]))
                 client_of = plan.client_of()
                 rows = {client_of[j]: e for j, e in rules.parse_envelopes(payload, expected).items()}
-            elif stage == "unmask":
-                if own not in reached.get("consistency", []):
+            elif stage == SecureStage.UNMASK:
+                if own not in reached.get(SecureStage.CONSISTENCY, []):
                     raise self._not_now(stage, sa_row.stage, number)
                 senders = set(msgs.senders_to(s, rnd.id, plan, client.id))
-                survivors = set(reached["masked"])
-                dropped = set(reached["shares"]) - survivors
+                survivors = set(reached[SecureStage.MASKED])
+                dropped = set(reached[SecureStage.SHARES]) - survivors
                 parsed = rules.parse_reveal(payload, senders & survivors, senders & dropped)
                 rows = {
                     0: json.dumps(
@@ -404,20 +411,20 @@ class SecureRounds:
                     )
                 ).first()
                 if held is not None and held.sha256 == digest:
-                    if r.state == "failed":
+                    if r.state == RoundState.FAILED:
                         raise Conflict(
                             f"this masked vector was made for attempt {r.attempt} of round {number}, which "
                             "failed; its masks are bound to that attempt"
                         )
                     return UploadResult(number, r.attempt, client.id, digest, held.num_samples, held.size)
-                if held is not None and r.state == "open":
+                if held is not None and r.state == RoundState.OPEN:
                     raise Conflict(
                         f"client {client.id} already uploaded a different masked vector for round {number}; "
                         "it cannot be replaced"
                     )
             rnd, sa_row, plan, own = self._place(s, fid, number, client, spec)
-            if sa_row.stage != "masked" or own not in sa_row.reached.get("shares", []):
-                raise self._not_now("masked", sa_row.stage, number)
+            if sa_row.stage != SecureStage.MASKED or own not in sa_row.reached.get(SecureStage.SHARES, []):
+                raise self._not_now(SecureStage.MASKED, sa_row.stage, number)
             try:
                 meta = wire.read_metadata(body)
                 length = sum(int(np.prod(shape)) for shape in spec.tensor_shapes().values())

@@ -7,16 +7,18 @@ import json
 
 from fedprompt.coordinator.db import SecaggMessage, SecaggRound, Update
 from fedprompt.coordinator.logic import secagg as rules
+from fedprompt.coordinator.logic.round_states import STAGES
 from fedprompt.shared.secagg import protocol
+from fedprompt.shared.vocab import SecureStage
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+_BEFORE: dict[str, SecureStage] = dict(zip(STAGES[1:], STAGES[:-1], strict=True))
 
-def stage_before(stage: str) -> str:
+
+def stage_before(stage: str) -> SecureStage:
     """The stage whose finishers a stage expects."""
-    return {"shares": "keys", "masked": "shares", "consistency": "masked", "unmask": "consistency"}.get(
-        stage, "keys"
-    )
+    return _BEFORE.get(stage, SecureStage.KEYS)
 
 
 def keys_json(keys: protocol.PeerKeys) -> dict[str, str]:
@@ -37,23 +39,17 @@ def stage_bytes(s: Session, round_id: int) -> dict[str, int]:
     ).all()
     sent = {stage: int(total or 0) for stage, total in rows}
     masked = s.scalar(select(func.sum(Update.size)).where(Update.round_id == round_id)) or 0
-    return {
-        "keys": sent.get("keys", 0),
-        "shares": sent.get("shares", 0),
-        "masked": int(masked),
-        "consistency": sent.get("consistency", 0),
-        "unmask": sent.get("unmask", 0),
-    }
+    return {stage: int(masked) if stage == SecureStage.MASKED else sent.get(stage, 0) for stage in STAGES}
 
 
 def expected_numbers(sa_row: SecaggRound, plan: rules.Plan) -> set[int]:
-    if sa_row.stage == "keys":
+    if sa_row.stage == SecureStage.KEYS:
         return set(plan.indices.values())
     return set(sa_row.reached[stage_before(sa_row.stage)])
 
 
 def arrived_numbers(s: Session, round_id: int, stage: str, plan: rules.Plan) -> set[int]:
-    if stage == "masked":
+    if stage == SecureStage.MASKED:
         ids = s.scalars(select(Update.client_id).where(Update.round_id == round_id)).all()
     else:
         ids = s.scalars(
@@ -66,7 +62,7 @@ def arrived_numbers(s: Session, round_id: int, stage: str, plan: rules.Plan) -> 
 
 def answered(s: Session, round_id: int, stage: str) -> int:
     """How many clients answered the stage (a count: cheaper than who, while a stage fills)."""
-    if stage == "masked":
+    if stage == SecureStage.MASKED:
         query = select(func.count()).select_from(Update).where(Update.round_id == round_id)
     else:
         query = select(func.count(func.distinct(SecaggMessage.sender_id))).where(
@@ -80,7 +76,7 @@ def advertised_keys(
 ) -> dict[int, protocol.PeerKeys]:
     """Advertised keys by number: of the given numbers, or of everyone."""
     query = select(SecaggMessage.sender_id, SecaggMessage.payload).where(
-        SecaggMessage.round_id == round_id, SecaggMessage.stage == "keys"
+        SecaggMessage.round_id == round_id, SecaggMessage.stage == SecureStage.KEYS
     )
     if numbers is not None:
         client_of = plan.client_of()
@@ -93,7 +89,7 @@ def adverts(s: Session, round_id: int, plan: rules.Plan, numbers: list[int]) -> 
     client_of = plan.client_of()
     query = select(SecaggMessage.sender_id, SecaggMessage.payload).where(
         SecaggMessage.round_id == round_id,
-        SecaggMessage.stage == "keys",
+        SecaggMessage.stage == SecureStage.KEYS,
         SecaggMessage.sender_id.in_([client_of[j] for j in numbers]),
     )
     return {plan.indices[c]: json.loads(p) for c, p in s.execute(query)}
@@ -103,7 +99,7 @@ def consistency_signatures(s: Session, round_id: int, plan: rules.Plan) -> dict[
     """Number -> its signature of the survivor set (base64), for every client that sent one."""
     rows = s.execute(
         select(SecaggMessage.sender_id, SecaggMessage.payload).where(
-            SecaggMessage.round_id == round_id, SecaggMessage.stage == "consistency"
+            SecaggMessage.round_id == round_id, SecaggMessage.stage == SecureStage.CONSISTENCY
         )
     )
     return {plan.indices[c]: json.loads(p)["signature"] for c, p in rows}
@@ -113,7 +109,7 @@ def envelopes_to(s: Session, round_id: int, plan: rules.Plan, client_id: int) ->
     rows = s.execute(
         select(SecaggMessage.sender_id, SecaggMessage.payload).where(
             SecaggMessage.round_id == round_id,
-            SecaggMessage.stage == "shares",
+            SecaggMessage.stage == SecureStage.SHARES,
             SecaggMessage.recipient_id == client_id,
         )
     ).all()
@@ -128,14 +124,14 @@ def included_by(
     s: Session, round_id: int, plan: rules.Plan, reached: dict[str, list[int]]
 ) -> dict[int, list[int]]:
     """Each dropped client (shared, no masked vector) -> the survivors that masked with it."""
-    survivors = set(reached["masked"])
-    dropped = set(reached["shares"]) - survivors
+    survivors = set(reached[SecureStage.MASKED])
+    dropped = set(reached[SecureStage.SHARES]) - survivors
     client_of = plan.client_of()
     out: dict[int, list[int]] = {j: [] for j in dropped}
     for sender, recipient in s.execute(
         select(SecaggMessage.sender_id, SecaggMessage.recipient_id).where(
             SecaggMessage.round_id == round_id,
-            SecaggMessage.stage == "shares",
+            SecaggMessage.stage == SecureStage.SHARES,
             SecaggMessage.sender_id.in_([client_of[j] for j in dropped]),
         )
     ):
@@ -149,7 +145,7 @@ def revealed(s: Session, round_id: int, plan: rules.Plan) -> dict[int, dict[int,
     revealed: dict[int, dict[int, int]] = {}
     for holder, payload in s.execute(
         select(SecaggMessage.sender_id, SecaggMessage.payload).where(
-            SecaggMessage.round_id == round_id, SecaggMessage.stage == "unmask"
+            SecaggMessage.round_id == round_id, SecaggMessage.stage == SecureStage.UNMASK
         )
     ):
         for sender, item in json.loads(payload).items():
@@ -158,5 +154,5 @@ def revealed(s: Session, round_id: int, plan: rules.Plan) -> dict[int, dict[int,
 
 
 def missing_shares(s: Session, round_id: int, plan: rules.Plan, reached: dict[str, list[int]]) -> list[int]:
-    needed = rules.needed_secrets(set(reached["masked"]), included_by(s, round_id, plan, reached))
+    needed = rules.needed_secrets(set(reached[SecureStage.MASKED]), included_by(s, round_id, plan, reached))
     return rules.missing_shares(needed, revealed(s, round_id, plan), plan.t)

@@ -21,6 +21,7 @@ from fedprompt.coordinator.store import Store
 from fedprompt.coordinator.usecases.secagg import SecureRounds
 from fedprompt.shared import drift, wire
 from fedprompt.shared.spec import FederationSpec
+from fedprompt.shared.vocab import FederationState, RoundState, SecureStage, TaskKind
 from sqlalchemy import and_, select, update
 from sqlalchemy.orm import Session
 
@@ -85,7 +86,7 @@ class Tasks:
             .join(Round, Round.id == Participant.round_id)
             .where(
                 Round.federation_id == fid,
-                Round.state == "open",
+                Round.state == RoundState.OPEN,
                 Round.base_version == version,
                 Participant.client_id == client.id,
             )
@@ -110,13 +111,13 @@ class Tasks:
             latest = fed.latest_version
             rnd = c.execute(
                 select(Round.id, Round.number, Round.attempt, Round.base_version, Round.deadline_at).where(
-                    Round.federation_id == fid, Round.state == "open"
+                    Round.federation_id == fid, Round.state == RoundState.OPEN
                 )
             ).first()
             step = None  # a secure round's stage for this client: its stage decides, uploaded or not
             if spec.secure_aggregation is not None and rnd is not None:
                 step = self.secure.task(s, fid, rnd, client.id, spec)
-                if step is not None and step["stage"] != "masked":  # the masked stage trains first
+                if step is not None and step["stage"] != SecureStage.MASKED:  # the masked stage trains first
                     return step
             if evaluation_due(latest, eval_every=spec.eval_every, rounds=spec.rounds):
                 evaluated = c.scalar(
@@ -130,7 +131,7 @@ class Tasks:
                 )
                 if evaluated is None:
                     return {
-                        "kind": "evaluate",
+                        "kind": TaskKind.EVALUATE,
                         "round": latest,
                         "version": latest,
                         "sha256": self.store.version_sha(s, fed, latest),
@@ -160,14 +161,14 @@ class Tasks:
                         }
                 elif pending is not None:
                     return self._train_task(s, fed, rnd, spec)
-            if fed.state == "completed":
-                return {"kind": "done", "round": fed.current_round, "version": fed.latest_version}
+            if fed.state == FederationState.COMPLETED:
+                return {"kind": TaskKind.DONE, "round": fed.current_round, "version": fed.latest_version}
         return None
 
     def _train_task(self, s: Session, fed: Any, rnd: Any, spec: FederationSpec) -> dict[str, Any]:
         """Train from the round's base version and upload."""
         return {
-            "kind": "train",
+            "kind": TaskKind.TRAIN,
             "round": rnd.number,
             "attempt": rnd.attempt,
             "version": rnd.base_version,
