@@ -1,20 +1,31 @@
 """The vocabulary's registered sets: the server optimisers the spec takes are the ones with an update rule
-and ServerOptimizer's members; the aggregation rules are AggregationRule's. A new server optimiser is
-its name and defaults in one shared place and its rule in coordinator/logic/server_optim.py: the toy
-one below is added in exactly those two places, validates in a spec and is applied by the coordinator."""
+and ServerOptimizer's members; the aggregation rules are AggregationRule's; the API's Literals are
+built from the members. A new server optimiser is its name and defaults in one shared place and its
+rule in coordinator/logic/server_optim.py: the toy one below is added in exactly those two places,
+validates in a spec and is applied by the coordinator."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import pytest
+from fedprompt.coordinator.api import schemas
 from fedprompt.coordinator.logic import aggregation, robust, server_optim
+from fedprompt.coordinator.logic.round_states import STAGES
 from fedprompt.coordinator.logic.specs import validate_spec
 from fedprompt.coordinator.service import Coordinator
 from fedprompt.shared import vocab, wire
 from fedprompt.shared.spec import FederationSpec, ServerOptimizerSpec
-from fedprompt.shared.vocab import SERVER_OPTIMIZER_DEFAULTS, AggregationRule, ServerOptimizer
+from fedprompt.shared.vocab import (
+    SERVER_OPTIMIZER_DEFAULTS,
+    AggregationRule,
+    FederationState,
+    RoundState,
+    SecureStage,
+    ServerOptimizer,
+    TaskKind,
+)
 
 from tests.helpers import SMALL_SPEC, update_blob
 
@@ -84,3 +95,10 @@ def test_the_coordinator_steps_a_round_with_the_added_optimiser(service: Coordin
     np.testing.assert_allclose(x1, x0 + 0.5 * (average.astype(np.float32) - x0), rtol=0, atol=1e-6)
     (round_1,) = [r for r in service.reads.rounds(fid) if r["round"] == 1]
     assert round_1["stats"]["server_optimizer"]["name"] == "fedsgd"
+
+
+def test_the_apis_literals_are_built_from_the_vocabulary() -> None:
+    assert set(get_args(schemas.FederationStateName)) == set(FederationState)
+    assert set(get_args(schemas.TaskKindName)) == set(TaskKind)
+    assert set(get_args(schemas.RoundStateShown)) == set(RoundState) - {RoundState.AGGREGATING}
+    assert set(get_args(schemas.SecaggTaskStage)) == set(STAGES) - {SecureStage.MASKED}
