@@ -335,6 +335,10 @@ class _Admin:
     def rounds(self, fid: int) -> list[dict[str, Any]]:
         return self.closed if self.statuses[0]["state"] == "completed" else []
 
+    def clients(self, fid: int) -> list[dict[str, Any]]:
+        training = {"phase": "training", "round": 1, "total_steps": 50}
+        return [{"activity": training | {"step": 20}}, {"activity": training | {"step": 25}}]
+
     def evaluation(self, fid: int, version: int) -> dict[str, Any]:
         return {"accuracy": 0.5, "clients": 2, "num_samples": 20}
 
@@ -352,7 +356,7 @@ class _Procs:
         return 0
 
 
-def test_without_a_terminal_simulate_logs_a_line_per_round_attempt_and_upload(
+def test_without_a_terminal_simulate_logs_a_line_per_round_attempt_upload_and_local_steps(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from fedprompt.sim import progress
@@ -362,13 +366,14 @@ def test_without_a_terminal_simulate_logs_a_line_per_round_attempt_and_upload(
     monkeypatch.setattr(progress.time, "sleep", lambda s: None)
     records, initial = progress.follow(_Admin(), 1, {**SPEC, "rounds": 1}, 2, _Procs())  # type: ignore[arg-type]
     lines = [line.strip() for line in capsys.readouterr().out.splitlines() if line.strip()]
-    assert lines[:4] == [
+    assert lines[:5] == [
         "waiting for clients: 1/2 enrolled",
         "waiting for clients: 2/2 enrolled",
         "round 1/1 attempt 1: 0/2 uploads",
+        "round 1: 2 clients training, local steps 45/100",  # from their heartbeats, every 30 s at most
         "round 1/1 attempt 1: 1/2 uploads",
     ]
-    table = [line.split() for line in lines[4:]]
+    table = [line.split() for line in lines[5:]]
     assert table[1][:3] == ["0", "0", "50.0"] and table[2][:3] == ["1", "3", "70.0"]  # round 0, then round 1
     assert [r["round"] for r in records] == [1] and initial == {
         "accuracy": 0.5,
