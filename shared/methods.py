@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from fedprompt.shared.vocab import EncoderType, Family, Method
+from fedprompt.shared.vocab import PEFT_TASK_TYPES, EncoderType, Family, Method
 
 METHODS: tuple[Method, ...] = tuple(Method)
 FAMILIES: tuple[Family, ...] = tuple(Family)
@@ -37,11 +37,6 @@ PEFT_TYPES: dict[Method, str] = {
     Method.PROMPT_TUNING: "PROMPT_TUNING",
     Method.P_TUNING: "P_TUNING",
     Method.PREFIX_TUNING: "PREFIX_TUNING",
-}
-PEFT_TASK_TYPES: dict[str, str] = {
-    Family.MASKED_LM: "FEATURE_EXTRACTION",
-    Family.CAUSAL_LM: "CAUSAL_LM",
-    Family.SEQ2SEQ: "SEQ_2_SEQ_LM",
 }
 
 

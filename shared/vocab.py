@@ -67,6 +67,18 @@ class Family(StrEnum):
     SEQ2SEQ = "seq2seq"
 
 
+# How PEFT wraps each family's models (its task type), one row per Family: the one family fact the
+# coordinator needs without torch (the PEFT export). A new family: its member above, its row here, its
+# adapter in worker/engine/families/.
+PEFT_TASK_TYPES: dict[str, str] = {
+    Family.MASKED_LM: "FEATURE_EXTRACTION",
+    Family.CAUSAL_LM: "CAUSAL_LM",
+    Family.SEQ2SEQ: "SEQ_2_SEQ_LM",
+}
+if list(PEFT_TASK_TYPES) != list(Family):
+    raise RuntimeError("PEFT_TASK_TYPES needs one row per Family, in its order")
+
+
 class Method(StrEnum):
     """The parameter-efficient method whose parameters are the federated prompt."""
 

@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from fedprompt.shared.methods import PEFT_TASK_TYPES
-from fedprompt.shared.vocab import Family
+from fedprompt.shared.vocab import PEFT_TASK_TYPES, Family
 from fedprompt.worker.engine import PromptEngine, Template
 from fedprompt.worker.engine.families import FamilyAdapter, adapter, detect, register, registry, unregister
 from fedprompt.worker.engine.families.causal_lm import CausalLMAdapter
@@ -77,7 +76,7 @@ class ToyLMAdapter(CausalLMAdapter):
     name = "toy_lm"
     detect_rank = 5  # asked before the causal LMs, whose models it would otherwise be
     peft_task_type = (
-        "CAUSAL_LM"  # not in shared.methods.PEFT_TASK_TYPES: only the coordinator's export reads it
+        "CAUSAL_LM"  # not in shared.vocab.PEFT_TASK_TYPES: only the coordinator's export reads it
     )
     readings = 0
 

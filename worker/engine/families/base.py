@@ -8,7 +8,7 @@ The engine, the template and the scoring ask the adapter of the backbone's famil
 Adding a family: one module in this package whose adapter class is decorated with `@register` (every
 module here is imported with the package, so nothing else lists it), and its name in shared.vocab.Family
 (what a federation's spec accepts). The coordinator exports a family's prompts as PEFT adapters with the
-task type in shared.methods.PEFT_TASK_TYPES, the one family fact it needs without torch.
+task type in shared.vocab.PEFT_TASK_TYPES, the one family fact it needs without torch.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import torch
-from fedprompt.shared.methods import PEFT_TASK_TYPES, MethodConfig, peft_fields
-from fedprompt.shared.vocab import Scoring
+from fedprompt.shared.methods import MethodConfig, peft_fields
+from fedprompt.shared.vocab import PEFT_TASK_TYPES, Scoring
 from fedprompt.worker.engine.methods import model_shape
 from fedprompt.worker.engine.model import Backbone, HeadChoice, input_embeddings_of, quiet_transformers
 from fedprompt.worker.engine.params import count_parameters
@@ -97,7 +97,7 @@ class FamilyAdapter(ABC):
 
     @property
     def peft_task_type(self) -> str:
-        """PEFT's task type, i.e. how PEFT wraps the family's models (shared.methods.PEFT_TASK_TYPES)."""
+        """PEFT's task type, i.e. how PEFT wraps the family's models (shared.vocab.PEFT_TASK_TYPES)."""
         return PEFT_TASK_TYPES[self.name]
 
     def check_method(self, cfg: MethodConfig, config: Any) -> None:
