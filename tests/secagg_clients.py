@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from fedprompt.shared.contract import Task
 from fedprompt.shared.secagg.client import Policy
 from fedprompt.shared.spec import FederationSpec
 from fedprompt.worker.secagg import SecureStages
@@ -69,7 +70,10 @@ class ScriptedClient:
     def task(self) -> dict[str, Any] | None:
         """The coordinator's current task for this client, or None."""
         resp = self.api.get(f"{API}/{self.fid}/task", headers=self.headers)
-        return None if resp.status_code == 204 else resp.json()
+        if resp.status_code == 204:
+            return None
+        Task.model_validate(resp.json())  # every stage's task fits the contract a worker reads it with
+        return resp.json()  # as sent: a test may alter it before answering
 
     def step(self) -> str | None:
         """Answer the current task once; the stage answered, or None."""

@@ -4,7 +4,9 @@ Requests are strict (``true`` is not 1, ``"5"`` is not 5) and refuse unknown mem
 return plain dicts; the response models are the contract that FastAPI checks them against (a route
 whose answer does not fit fails loudly in tests rather than reaching a client) and that
 schemathesis validates every answer against. Each allows extra members, so a field added to a
-service's answer reaches clients before it is described here.
+service's answer reaches clients before it is described here. The answers a client reads (a
+federation's status, enrolment, the task, the receipts) are defined once in shared/contract.py, the
+models CoordinatorClient validates them into; they are re-exported here with the rest.
 """
 
 from __future__ import annotations
@@ -14,22 +16,50 @@ from typing import Annotated, Any, Literal
 from fastapi import Body, Path
 from fedprompt.coordinator.db import MAX_ID
 from fedprompt.coordinator.logic.specs import validate_spec
-from fedprompt.coordinator.logic.uploads import UploadReceipt
+from fedprompt.shared.contract import (
+    BestVersion,
+    ClientCounts,
+    Enrolled,
+    EnrolmentToken,
+    EvaluationStored,
+    EvaluationSummary,
+    FederationStateName,
+    FederationStatus,
+    InitialPrompt,
+    ModelParameters,
+    Open,
+    Participant,
+    RoundStateShown,
+    RoundSummary,
+    SecaggStored,
+    SecaggTaskStage,
+    Task,
+    TaskKindName,
+    UploadReceipt,
+)
 from fedprompt.shared.spec import NAME_PATTERN, FederationSpec
-from fedprompt.shared.vocab import FederationState, RoundState, SecureStage, TaskKind
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator
 
-__all__ = ["UploadReceipt"]  # an upload's answer: defined once, with the upload's checks
-
-# Sets of the vocabulary's names (shared/vocab.py) as the API shows them: a round as committed (its
-# aggregating state lasts only inside the transaction that closes it), a federation's state, a task's
-# kind, and the stages a secagg task asks a client to answer (the masked stage's task is a train task).
-FederationStateName = Literal[
-    FederationState.WAITING, FederationState.RUNNING, FederationState.PAUSED, FederationState.COMPLETED
+__all__ = [
+    "BestVersion",
+    "ClientCounts",
+    "Enrolled",
+    "EnrolmentToken",
+    "EvaluationStored",
+    "EvaluationSummary",
+    "FederationStateName",
+    "FederationStatus",
+    "InitialPrompt",
+    "ModelParameters",
+    "Participant",
+    "RoundStateShown",
+    "RoundSummary",
+    "SecaggStored",
+    "SecaggTaskStage",
+    "Task",
+    "TaskKindName",
+    "UploadReceipt",
 ]
-RoundStateShown = Literal[RoundState.OPEN, RoundState.CLOSED, RoundState.FAILED]
-TaskKindName = Literal[TaskKind.EVALUATE, TaskKind.TRAIN, TaskKind.SECAGG, TaskKind.DONE]
-SecaggTaskStage = Literal[SecureStage.KEYS, SecureStage.SHARES, SecureStage.CONSISTENCY, SecureStage.UNMASK]
 
 # -- request parameters and bodies ---------------------------------------------------------------
 
@@ -123,36 +153,11 @@ class EvaluationReport(BaseModel):
 # -- responses -----------------------------------------------------------------------------------
 
 
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class Health(_Open):
+class Health(Open):
     status: str
 
 
-class Participant(_Open):
-    client_id: int
-    uploaded: bool
-
-
-class EvaluationSummary(_Open):
-    """Sample-weighted metrics of a prompt version over the clients that reported (extra metrics too)."""
-
-    version: int
-    clients: int
-    num_samples: int
-    accuracy: float
-    loss: float | None = None
-    macro_f1: float | None = Field(None, description="From the summed confusion matrices, when reported.")
-    collapsed: bool = Field(
-        False,
-        description="The predictions fell to one class (at least 99 % of the examples predicted as one "
-        "label while the examples hold two or more): a constant predictor.",
-    )
-
-
-class SiteEvaluation(_Open):
+class SiteEvaluation(Open):
     client_id: int
     name: str
     num_samples: int
@@ -162,7 +167,7 @@ class SiteEvaluation(_Open):
     per_class_accuracy: list[float | None] | None = None
 
 
-class SiteSpread(_Open):
+class SiteSpread(Open):
     sites: int
     min: float
     max: float
@@ -170,7 +175,7 @@ class SiteSpread(_Open):
     std: float = Field(..., description="Population standard deviation of the sites' accuracies.")
 
 
-class SiteEvaluations(_Open):
+class SiteEvaluations(Open):
     """Each site's own evaluation of a version: where the shared prompt works and where it does not."""
 
     version: int
@@ -178,64 +183,7 @@ class SiteEvaluations(_Open):
     spread: SiteSpread | None
 
 
-class BestVersion(_Open):
-    """The federation's best version by its stated rule."""
-
-    version: int
-    metric: Literal["macro_f1", "accuracy"]
-    value: float
-    rule: str
-    evaluation: EvaluationSummary
-
-
-class RoundSummary(_Open):
-    round: int
-    attempt: int
-    state: RoundStateShown
-    base_version: int
-    result_version: int | None
-    opened_at: float
-    deadline_at: float
-    closed_at: float | None
-    closed_by: str | None
-    seconds: float | None
-    failure_reason: str | None
-    participants: list[Participant]
-    stats: dict[str, Any] | None
-    evaluation: EvaluationSummary | None
-    secure_aggregation: dict[str, Any] | None = Field(
-        None,
-        description="A secure round attempt's stage (keys, shares, masked, unmask, done, failed), the "
-        "clients that completed each stage and the stage each missing client did not complete.",
-    )
-
-
-class ClientCounts(_Open):
-    enrolled: int
-    active: int
-    available: int
-
-
-class FederationStatus(_Open):
-    id: int
-    name: str
-    state: FederationStateName
-    paused: bool
-    current_round: int
-    rounds_total: int
-    latest_version: int
-    clients: ClientCounts
-    open_round: RoundSummary | None
-    latest: RoundSummary | None
-    best_version: BestVersion | None = Field(
-        None,
-        description="The best evaluated version ('best' in prompt and export paths); none before any evaluation.",
-    )
-    spec: dict[str, Any]
-    created_at: float
-
-
-class ClientInfo(_Open):
+class ClientInfo(Open):
     id: int
     name: str
     num_samples: int
@@ -253,7 +201,7 @@ class ClientInfo(_Open):
     info: dict[str, Any]
 
 
-class Event(_Open):
+class Event(Open):
     id: int
     kind: str
     round: int | None
@@ -269,51 +217,3 @@ class Activity(BaseModel):
     round: int | None = Field(None, ge=1, le=2_147_483_647)
     step: int | None = Field(None, ge=0, le=2_147_483_647)
     total_steps: int | None = Field(None, ge=0, le=2_147_483_647)
-
-
-class ModelParameters(_Open):
-    model_parameters: int | None = Field(
-        ...,
-        description="The federation's full-model figure: the spec's params_full_model, else the first stated.",
-    )
-
-
-class EnrolmentToken(_Open):
-    token: str = Field(..., description="Shown only in this response.")
-    id: int
-    expires_at: float | None
-    max_uses: int | None
-
-
-class Enrolled(_Open):
-    client_id: int
-    token: str = Field(..., description="The client token; shown only in this response.")
-    federation_id: int
-    spec: dict[str, Any]
-
-
-class Task(_Open):
-    """What a client should do next: evaluate a version, train for a round, answer a secure round's
-    stage (secagg: keys, shares or unmask; docs/secure-aggregation.md), or stop."""
-
-    kind: TaskKindName
-    round: int
-    version: int
-    sha256: str | None = None
-    attempt: int | None = None
-    deadline_at: float | None = None
-    config: dict[str, Any] | None = None
-    stage: SecaggTaskStage | None = None
-    secure_aggregation: dict[str, Any] | None = Field(
-        None, description="A secure round's train task: what the masked upload needs."
-    )
-
-
-class EvaluationStored(_Open):
-    version: int
-    stored: bool = Field(..., description="False when this client had already reported this version.")
-
-
-class InitialPrompt(_Open):
-    version: Literal[0]
-    sha256: str

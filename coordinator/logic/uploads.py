@@ -10,19 +10,22 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from fedprompt.coordinator.db import MAX_ID
 from fedprompt.coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound
 from fedprompt.shared import jsonlimits, wire
+from fedprompt.shared.contract import UploadReceipt
 from fedprompt.shared.spec import FederationSpec
 from fedprompt.shared.vocab import RoundState
 
 
 @dataclass(frozen=True)
-class UploadReceipt:
-    """What an upload answers (the body of the API's answer); an identical retry answers the same."""
+class UploadResult:
+    """An upload's receipt (what the API answers: shared/contract.py's UploadReceipt; an identical
+    retry answers the same), whether this upload stored the update, and whether the round is now
+    complete."""
 
     round: int
     attempt: int
@@ -30,21 +33,22 @@ class UploadReceipt:
     sha256: str
     num_samples: int  # the weight stored: the declared figure, at most the client's enrolled one
     size: int
-
-
-@dataclass(frozen=True)
-class UploadResult(UploadReceipt):
-    """The receipt, whether this upload stored the update, and whether the round is now complete."""
-
     created: bool = False
     # the round had every selected client's update once this one's batch was stored (then the
     # caller closes it: after_upload); across replicas, a round two batches complete together is
     # closed by the deadline sweep, within FEDPROMPT_SWEEP_INTERVAL_S
     round_complete: bool = False
 
-    def receipt(self) -> dict[str, Any]:
-        """The receipt's fields, as the API answers them."""
-        return {f.name: getattr(self, f.name) for f in fields(UploadReceipt)}
+    def receipt(self) -> UploadReceipt:
+        """The receipt, as the API answers it."""
+        return UploadReceipt(
+            round=self.round,
+            attempt=self.attempt,
+            client_id=self.client_id,
+            sha256=self.sha256,
+            num_samples=self.num_samples,
+            size=self.size,
+        )
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,11 @@ from fedprompt.coordinator.logic.uploads import (
     PendingUpload,
     Selection,
     StoredUpdate,
-    UploadReceipt,
     check_update,
     weight,
 )
 from fedprompt.coordinator.paths import UPLOAD_PATHS, UPLOAD_ROUTE
+from fedprompt.shared.contract import UploadReceipt
 from fedprompt.shared.spec import PrivacySpec
 
 OPEN = SimpleNamespace(id=7, attempt=2, state="open", base_version=3)
@@ -53,7 +53,7 @@ def test_an_identical_resend_answers_as_stored_in_whichever_attempt() -> None:
     stored = {(6, 1): StoredUpdate("d1", 9, 99)}
     result = _check(_item(), stored=stored)
     assert not result.created and (result.attempt, result.num_samples, result.size) == (1, 9, 99)
-    assert result.receipt() == {
+    assert result.receipt().model_dump() == {
         "round": 4,
         "attempt": 1,
         "client_id": 1,
@@ -80,7 +80,7 @@ def test_refused_updates_say_why(kw: dict[str, Any], item: PendingUpload, error:
 
 
 def test_the_receipt_is_the_api_answer() -> None:
-    assert list(_check(_item()).receipt()) == list(UploadReceipt.__dataclass_fields__)
+    assert list(_check(_item()).receipt().model_dump()) == list(UploadReceipt.model_fields)
 
 
 @pytest.mark.parametrize(

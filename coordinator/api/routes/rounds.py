@@ -141,7 +141,7 @@ async def upload(
         )
     if result.round_complete:  # this upload's batch completed the round: aggregate it now
         background.add_task(service.cycle.after_upload, fid)
-    return JSONResponse(result.receipt(), status_code=201 if result.created else 200)
+    return JSONResponse(result.receipt().model_dump(), status_code=201 if result.created else 200)
 
 
 @router.post(

@@ -10,20 +10,8 @@ from fastapi.responses import JSONResponse
 from fedprompt.coordinator.api.deps import ClientDep, ServiceDep
 from fedprompt.coordinator.api.jsonbody import BoundedJSONRoute
 from fedprompt.coordinator.api.problems import API_ERRORS, problem_responses
-from fedprompt.coordinator.api.schemas import IdPath
+from fedprompt.coordinator.api.schemas import IdPath, SecaggStored
 from fedprompt.coordinator.paths import FEDERATION
-from pydantic import BaseModel, ConfigDict, Field
-
-
-class SecaggStored(BaseModel):
-    """A stage answer's receipt."""
-
-    model_config = ConfigDict(extra="allow")
-    round: int
-    attempt: int
-    stage: Literal["keys", "shares", "consistency", "unmask"]
-    stored: bool = Field(..., description="False when this client had already sent exactly this.")
-
 
 router = APIRouter(
     prefix=FEDERATION, tags=["secure aggregation"], responses=API_ERRORS, route_class=BoundedJSONRoute
