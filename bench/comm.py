@@ -31,6 +31,7 @@ import httpx
 import numpy as np
 from fedprompt.shared import wire
 from fedprompt.shared.client import CoordinatorClient
+from fedprompt.shared.contract import EvaluateTask, TrainTask
 from fedprompt.shared.spec import FederationSpec
 
 from bench.common import ratio, write_result
@@ -109,7 +110,7 @@ def measure_round(url: str, method: str, hidden: int, layers: int, heads: int) -
     admin = CoordinatorClient(url, ADMIN)
     spec_kw = _spec_kwargs(method, hidden, layers, heads)
     spec = FederationSpec(name=f"comm-{method}-{hidden}", min_clients=2, fraction=1.0, rounds=3, **spec_kw)
-    fid = admin.create_federation(spec.model_dump(mode="json"))["id"]
+    fid = admin.create_federation(spec.model_dump(mode="json")).id
     enrol = admin.create_enrollment_token(fid, max_uses=2)
     port = int(url.rsplit(":", 1)[1])
     proxy = CountingProxy(port)
@@ -127,7 +128,7 @@ def measure_round(url: str, method: str, hidden: int, layers: int, heads: int) -
         c = CoordinatorClient(via)
         cred = c.enroll(fid, enrol, name=f"site-{i}", num_samples=100 * (i + 1), info={})
         c.close()
-        client = CoordinatorClient(via, cred["token"])
+        client = CoordinatorClient(via, cred.token)
         clients.append(client)
     a, b = clients
     a.http.event_hooks = {"request": [on_request], "response": [on_response]}
@@ -143,22 +144,22 @@ def measure_round(url: str, method: str, hidden: int, layers: int, heads: int) -
 
     def evaluate(c: CoordinatorClient) -> None:
         task = c.task(fid, wait=30)  # the round closes in the background after the last upload
-        assert task and task["kind"] == "evaluate", task
-        fetch(c, task["version"])
-        c.report_evaluation(fid, task["version"], {"num_samples": 50, "accuracy": 0.5, "loss": 0.7})
+        assert isinstance(task, EvaluateTask), task
+        fetch(c, task.version)
+        c.report_evaluation(fid, task.version, {"num_samples": 50, "accuracy": 0.5, "loss": 0.7})
 
     def train(c: CoordinatorClient) -> bytes:
         task = c.task(fid)
-        assert task and task["kind"] == "train", task
-        blob_in = fetch(c, task["version"])  # the version this client just evaluated: no download
+        assert isinstance(task, TrainTask), task
+        blob_in = fetch(c, task.version)  # the version this client just evaluated: no download
         tensors = {
             n: (t + rng.standard_normal(t.shape) * 0.01).astype(np.float32)
             for n, t in wire.decode(blob_in)[0].items()
         }
         meta = {
             "method": method,
-            "base_version": str(task["version"]),
-            "round": str(task["round"]),
+            "base_version": str(task.version),
+            "round": str(task.round),
             "num_samples": "100",
             "metrics": {
                 "loss": 0.6931471805599453,
@@ -174,7 +175,7 @@ def measure_round(url: str, method: str, hidden: int, layers: int, heads: int) -
             },
         }
         blob = wire.encode(tensors, meta)
-        c.upload(fid, task["round"], blob)
+        c.upload(fid, task.round, blob)
         return blob
 
     for c in clients:  # version 0 is evaluated before round 1; not part of a round

@@ -195,7 +195,7 @@ def run_coordinator(backend: str, k: int, c: float, hidden: int, args: argparse.
                     availability_timeout_s=3600,
                     local_steps=1,
                 )
-                fid = admin.create_federation(spec.model_dump(mode="json"))["id"]
+                fid = admin.create_federation(spec.model_dump(mode="json")).id
                 token = admin.create_enrollment_token(fid, max_uses=k)
                 cpu0 = proc_cpu_seconds(proc.pid)
                 t0 = time.time()

@@ -1,5 +1,9 @@
 """A typed httpx client of the coordinator's REST API, used by workers, the CLI and tests. Over
-https it verifies the coordinator (and presents the site's certificate) as shared/tls.py says."""
+https it verifies the coordinator (and presents the site's certificate) as shared/tls.py says.
+
+The answers a client acts on (a federation's status, enrolment, the task, the receipts) come back as
+shared/contract.py's models, validated from the JSON; the open-ended ones (round history, evaluations,
+clients, events, the spec) as the JSON objects they are."""
 
 from __future__ import annotations
 
@@ -7,9 +11,30 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from fedprompt.shared.contract import (
+    Enrolled,
+    EnrolmentToken,
+    EvaluationStored,
+    FederationStatus,
+    InitialPrompt,
+    ModelParameters,
+    SecaggStored,
+    Task,
+    TaskAnswer,
+    UploadReceipt,
+)
 from fedprompt.shared.tls import ClientTLS
+from pydantic import TypeAdapter
 
 API = "/api/v1"
+
+# The answers read as plain JSON objects: round records, evaluations, sites, clients, events and the
+# spec are read key by key by the CLI's views and the simulation's result tables (and the spec is
+# validated as a FederationSpec by whoever needs one); only their shape is checked here.
+_OBJECT: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
+_OBJECT_OR_NULL: TypeAdapter[dict[str, Any] | None] = TypeAdapter(dict[str, Any] | None)
+_OBJECTS: TypeAdapter[list[dict[str, Any]]] = TypeAdapter(list[dict[str, Any]])
+_STATUSES: TypeAdapter[list[FederationStatus]] = TypeAdapter(list[FederationStatus])
 
 
 class ApiError(RuntimeError):
@@ -88,28 +113,29 @@ class CoordinatorClient:
         return resp
 
     # operator
-    def create_federation(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """POST a federation spec."""
-        return self._call("POST", f"{API}/federations", json=spec).json()
+    def create_federation(self, spec: dict[str, Any]) -> FederationStatus:
+        """POST a federation spec → the new federation's status."""
+        return FederationStatus.model_validate(self._call("POST", f"{API}/federations", json=spec).json())
 
-    def federations(self) -> list[dict[str, Any]]:
+    def federations(self) -> list[FederationStatus]:
         """All federations."""
-        return self._call("GET", f"{API}/federations").json()
+        return _STATUSES.validate_python(self._call("GET", f"{API}/federations").json())
 
-    def federation(self, fid: int) -> dict[str, Any]:
+    def federation(self, fid: int) -> FederationStatus:
         """One federation's status."""
-        return self._call("GET", f"{API}/federations/{fid}").json()
+        return FederationStatus.model_validate(self._call("GET", f"{API}/federations/{fid}").json())
 
     def create_enrollment_token(
         self, fid: int, *, expires_in_s: float | None = None, max_uses: int | None = None
     ) -> str:
         """A new enrolment token."""
         body = {"expires_in_s": expires_in_s, "max_uses": max_uses}
-        return self._call("POST", f"{API}/federations/{fid}/enrollment-tokens", json=body).json()["token"]
+        resp = self._call("POST", f"{API}/federations/{fid}/enrollment-tokens", json=body)
+        return EnrolmentToken.model_validate(resp.json()).token
 
     def clients(self, fid: int) -> list[dict[str, Any]]:
         """Enrolled clients."""
-        return self._call("GET", f"{API}/federations/{fid}/clients").json()
+        return _OBJECTS.validate_python(self._call("GET", f"{API}/federations/{fid}/clients").json())
 
     def revoke_client(self, fid: int, cid: int) -> None:
         """Revoke a client."""
@@ -117,45 +143,50 @@ class CoordinatorClient:
 
     def open_round(self, fid: int) -> dict[str, Any]:
         """Open the next round now."""
-        return self._call("POST", f"{API}/federations/{fid}/rounds").json()
+        return _OBJECT.validate_python(self._call("POST", f"{API}/federations/{fid}/rounds").json())
 
     def close_round(self, fid: int, number: int) -> dict[str, Any]:
         """Aggregate the open round now."""
-        return self._call("POST", f"{API}/federations/{fid}/rounds/{number}/close").json()
+        resp = self._call("POST", f"{API}/federations/{fid}/rounds/{number}/close")
+        return _OBJECT.validate_python(resp.json())
 
     def rounds(self, fid: int) -> list[dict[str, Any]]:
         """Round history."""
-        return self._call("GET", f"{API}/federations/{fid}/rounds").json()
+        return _OBJECTS.validate_python(self._call("GET", f"{API}/federations/{fid}/rounds").json())
 
     def evaluation(self, fid: int, version: int) -> dict[str, Any] | None:
         """Sample-weighted evaluation of a prompt version (None before any report)."""
-        return self._call("GET", f"{API}/federations/{fid}/evaluations/{version}").json()
+        resp = self._call("GET", f"{API}/federations/{fid}/evaluations/{version}")
+        return _OBJECT_OR_NULL.validate_python(resp.json())
 
     def events(self, fid: int, *, after: int = 0) -> list[dict[str, Any]]:
         """The federation's audit trail (events after id `after`)."""
-        return self._call("GET", f"{API}/federations/{fid}/events", params={"after": after}).json()
+        resp = self._call("GET", f"{API}/federations/{fid}/events", params={"after": after})
+        return _OBJECTS.validate_python(resp.json())
 
     def site_evaluations(self, fid: int, version: int) -> dict[str, Any]:
         """Each site's own evaluation of a prompt version and their spread (403 under secure
         aggregation unless the spec lets sites report their confusion matrices)."""
-        return self._call("GET", f"{API}/federations/{fid}/evaluations/{version}/sites").json()
+        resp = self._call("GET", f"{API}/federations/{fid}/evaluations/{version}/sites")
+        return _OBJECT.validate_python(resp.json())
 
-    def pause(self, fid: int) -> dict[str, Any]:
+    def pause(self, fid: int) -> FederationStatus:
         """Stop auto-advance."""
-        return self._call("POST", f"{API}/federations/{fid}/pause").json()
+        return FederationStatus.model_validate(self._call("POST", f"{API}/federations/{fid}/pause").json())
 
-    def resume(self, fid: int) -> dict[str, Any]:
+    def resume(self, fid: int) -> FederationStatus:
         """Restart auto-advance."""
-        return self._call("POST", f"{API}/federations/{fid}/resume").json()
+        return FederationStatus.model_validate(self._call("POST", f"{API}/federations/{fid}/resume").json())
 
-    def set_initial_prompt(self, fid: int, blob: bytes) -> dict[str, Any]:
+    def set_initial_prompt(self, fid: int, blob: bytes) -> InitialPrompt:
         """Replace prompt version 0 before round 1."""
-        return self._call("PUT", f"{API}/federations/{fid}/prompts/0", content=blob).json()
+        resp = self._call("PUT", f"{API}/federations/{fid}/prompts/0", content=blob)
+        return InitialPrompt.model_validate(resp.json())
 
     # worker
     def spec(self, fid: int) -> dict[str, Any]:
         """The federation's spec (admin or client token)."""
-        return self._call("GET", f"{API}/federations/{fid}/spec").json()
+        return _OBJECT.validate_python(self._call("GET", f"{API}/federations/{fid}/spec").json())
 
     def enroll(
         self,
@@ -166,40 +197,43 @@ class CoordinatorClient:
         num_samples: int,
         info: dict[str, Any],
         model_parameters: int | None = None,
-    ) -> dict:
-        """Enrol with an enrolment token → {client_id, token}; `model_parameters`: the whole frozen
-        model's size, the ledger's full fine-tuning reference when the spec does not state it."""
+    ) -> Enrolled:
+        """Enrol with an enrolment token → the client's id and token; `model_parameters`: the whole
+        frozen model's size, the ledger's full fine-tuning reference when the spec does not state it."""
         body: dict[str, Any] = {"name": name, "num_samples": num_samples, "info": info}
         if model_parameters is not None:
             body["model_parameters"] = model_parameters
-        return self._call(
+        resp = self._call(
             "POST",
             f"{API}/federations/{fid}/clients",
             json=body,
             headers={"Authorization": f"Bearer {enrollment_token}"},
-        ).json()
+        )
+        return Enrolled.model_validate(resp.json())
 
     def state_model_parameters(self, fid: int, model_parameters: int) -> int | None:
         """State the loaded model's parameter count (client token) → the federation's figure."""
         resp = self._call(
             "PUT", f"{API}/federations/{fid}/model-parameters", json={"model_parameters": model_parameters}
         )
-        return resp.json()["model_parameters"]
+        return ModelParameters.model_validate(resp.json()).model_parameters
 
     def activity(self, fid: int, activity: dict[str, Any]) -> None:
         """A heartbeat (client token): what this worker is doing, e.g. {"phase": "training", "round": 3,
         "step": 40, "total_steps": 100}."""
         self._call("PUT", f"{API}/federations/{fid}/activity", json=activity)
 
-    def task(self, fid: int, *, wait: float = 0.0) -> dict[str, Any] | None:
-        """The next task, or None (204) after long-polling `wait` seconds."""
+    def task(self, fid: int, *, wait: float = 0.0) -> TaskAnswer | None:
+        """The next task (its kind's model), or None (204) after long-polling `wait` seconds; a task
+        this client cannot read (a kind it does not know) raises pydantic's ValidationError."""
+        read = self.http.timeout.read
         resp = self._call(
             "GET",
             f"{API}/federations/{fid}/task",
             params={"wait": wait},
-            timeout=self.http.timeout.read + wait,
+            timeout=None if read is None else read + wait,
         )
-        return None if resp.status_code == 204 else resp.json()
+        return None if resp.status_code == 204 else Task.model_validate(resp.json()).root
 
     def prompt(self, fid: int, version: int | str = "latest") -> Prompt:
         """Download a prompt version."""
@@ -215,25 +249,25 @@ class CoordinatorClient:
         params = {"format": fmt, "version": str(version)}
         return self._call("GET", f"{API}/federations/{fid}/export", params=params).content
 
-    def upload(self, fid: int, number: int, blob: bytes) -> tuple[int, dict[str, Any]]:
-        """Upload an update → (status, body); 200 means an identical earlier upload."""
+    def upload(self, fid: int, number: int, blob: bytes) -> tuple[int, UploadReceipt]:
+        """Upload an update → (status, receipt); 200 means an identical earlier upload."""
         resp = self._call(
             "PUT",
             f"{API}/federations/{fid}/rounds/{number}/update",
             content=blob,
             headers={"Content-Type": "application/octet-stream"},
         )
-        return resp.status_code, resp.json()
+        return resp.status_code, UploadReceipt.model_validate(resp.json())
 
-    def secagg_stage(self, fid: int, number: int, stage: str, payload: dict[str, Any]) -> dict[str, Any]:
+    def secagg_stage(self, fid: int, number: int, stage: str, payload: dict[str, Any]) -> SecaggStored:
         """A secure round's stage answer (keys, shares or unmask) → its receipt."""
-        return self._call(
-            "POST", f"{API}/federations/{fid}/rounds/{number}/secagg/{stage}", json=payload
-        ).json()
+        resp = self._call("POST", f"{API}/federations/{fid}/rounds/{number}/secagg/{stage}", json=payload)
+        return SecaggStored.model_validate(resp.json())
 
-    def report_evaluation(self, fid: int, number: int, report: dict[str, Any]) -> dict[str, Any]:
+    def report_evaluation(self, fid: int, number: int, report: dict[str, Any]) -> EvaluationStored:
         """Report metrics of the prompt produced by round `number`."""
-        return self._call("POST", f"{API}/federations/{fid}/rounds/{number}/evaluation", json=report).json()
+        resp = self._call("POST", f"{API}/federations/{fid}/rounds/{number}/evaluation", json=report)
+        return EvaluationStored.model_validate(resp.json())
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -42,6 +42,4 @@ def enrol_in_order(
             )
         except ApiError as exc:
             raise SimulationError(f"enrolling client-{i} failed: {exc}") from None
-        StateDir(workers / str(i)).save_credentials(
-            Credentials(url, fid, enrolled["client_id"], enrolled["token"])
-        )
+        StateDir(workers / str(i)).save_credentials(Credentials(url, fid, enrolled.client_id, enrolled.token))

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 from fedprompt.shared.client import ApiError, CoordinatorClient
+from fedprompt.shared.contract import FederationStatus
 from fedprompt.sim.operator_views import (
     console,
     deadline_text,
@@ -96,6 +97,12 @@ def _run(fn: Any, *args: Any, **kw: Any) -> Any:
         raise typer.Exit(1) from None
 
 
+def _as_json(status: FederationStatus) -> dict[str, Any]:
+    """A federation's status as the JSON object the coordinator answered: what --json prints and the
+    views read."""
+    return status.model_dump(mode="json", exclude_unset=True)
+
+
 def _emit(data: Any, as_json: bool, render: Any = None) -> None:
     if as_json or render is None:
         sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
@@ -119,7 +126,7 @@ def federation_create(
         err.print(f"[red]error:[/] {spec} is not valid JSON: {exc}")
         raise typer.Exit(2) from None
     with _client(url, token) as c:
-        fed = _run(c.create_federation, body)
+        fed = _as_json(_run(c.create_federation, body))
     _emit(fed, as_json, lambda f: console.print(f"created federation [bold]{f['id']}[/] ({f['name']})"))
 
 
@@ -134,7 +141,8 @@ def federation_status(
 ) -> None:
     """Status of one federation or all of them."""
     with _client(url, token) as c:
-        feds = _run(c.federations) if federation is None else [_run(c.federation, federation)]
+        statuses = _run(c.federations) if federation is None else [_run(c.federation, federation)]
+        feds = [_as_json(status) for status in statuses]
     _emit(feds if federation is None else feds[0], as_json, lambda _: status_table(feds))
 
 
@@ -144,7 +152,7 @@ def federation_pause(
 ) -> None:
     """Stop opening rounds automatically."""
     with _client(url, token) as c:
-        fed = _run(c.pause, federation)
+        fed = _as_json(_run(c.pause, federation))
     _emit(fed, as_json, lambda f: console.print(f"federation {f['id']} paused (state {f['state']})"))
 
 
@@ -154,7 +162,7 @@ def federation_resume(
 ) -> None:
     """Open rounds automatically again."""
     with _client(url, token) as c:
-        fed = _run(c.resume, federation)
+        fed = _as_json(_run(c.resume, federation))
     _emit(fed, as_json, lambda f: console.print(f"federation {f['id']} resumed (state {f['state']})"))
 
 
@@ -183,7 +191,7 @@ def federation_wait(
     """Wait until the federation completes (or a round closes) and its evaluation is recorded, with a
     progress bar over rounds."""
     with _client(url, token) as c:
-        fed = _run(c.federation, federation)
+        fed = _as_json(_run(c.federation, federation))
         goal = min(until_round or fed["rounds_total"], fed["rounds_total"])
         give_up = _monotonic() + timeout
         closed_at: float | None = None  # when the goal round was first seen closed
@@ -202,7 +210,7 @@ def federation_wait(
                     err.print(f"[red]timeout:[/] {federation_line(fed)} after {timeout:g} s")
                     raise typer.Exit(EXIT_TIMEOUT)
                 _sleep(interval)
-                fed = _run(c.federation, federation)
+                fed = _as_json(_run(c.federation, federation))
         if not _evaluated(fed, goal):
             err.print(
                 f"[yellow]note:[/] not every active client had reported its evaluation after {eval_wait:g} s"
@@ -327,7 +335,7 @@ def round_wait(
 ) -> None:
     """Wait until a round has closed (failed attempts are retried), with a progress bar of its uploads."""
     with _client(url, token) as c:
-        fed = _run(c.federation, federation)
+        fed = _as_json(_run(c.federation, federation))
         target = number or max(fed["current_round"], 1)
         if target > fed["rounds_total"]:
             err.print(f"[red]error:[/] federation {federation} has only {fed['rounds_total']} rounds")

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fedprompt.shared.client import ApiError, CoordinatorClient
+from fedprompt.shared.vocab import FederationState
 from fedprompt.sim.results import attach_sites, initial_record, round_records
 from fedprompt.sim.supervisor import Processes
 from fedprompt.sim.tables import console, has_asr, row_table
@@ -63,23 +64,23 @@ def follow(
             rss = procs.rss_bytes()  # sampled every poll: results.json reports the peak
             status = admin.federation(fid)
             history = admin.rounds(fid)
-            open_round = status.get("open_round")
+            open_round = status.open_round
             if open_round:
-                parts = open_round["participants"]
-                uploaded = sum(p["uploaded"] for p in parts)
+                parts = open_round.participants
+                uploaded = sum(p.uploaded for p in parts)
                 progress.update(
                     bar,
-                    description=f"round {open_round['round']}/{total_rounds}: uploads",
+                    description=f"round {open_round.round}/{total_rounds}: uploads",
                     completed=uploaded,
                     total=len(parts),
                 )
                 line = (
-                    f"round {open_round['round']}/{total_rounds} attempt {open_round['attempt']}: "
+                    f"round {open_round.round}/{total_rounds} attempt {open_round.attempt}: "
                     f"{uploaded}/{len(parts)} uploads"
                 )
-            elif status["state"] == "waiting":
-                progress.update(bar, completed=status["clients"]["enrolled"], total=clients)
-                line = f"waiting for clients: {status['clients']['enrolled']}/{clients} enrolled"
+            elif status.state == FederationState.WAITING:
+                progress.update(bar, completed=status.clients.enrolled, total=clients)
+                line = f"waiting for clients: {status.clients.enrolled}/{clients} enrolled"
             else:
                 line = ""
             if line and line != last_line and not console.is_terminal:  # a log: a line per change
@@ -87,11 +88,11 @@ def follow(
                 last_line = line
             if open_round and not console.is_terminal and time.monotonic() - steps_read >= STEPS_EVERY_S:
                 steps_read = time.monotonic()
-                steps = training_line(admin.clients(fid), int(open_round["round"]))
+                steps = training_line(admin.clients(fid), open_round.round)
                 if steps and steps != last_steps:
                     progress.console.print(steps, soft_wrap=True)
                     last_steps = steps
-            active = status["clients"]["active"]
+            active = status.clients.active
             for record in round_records(history, spec):
                 r = record["round"]
                 closed_seen.setdefault(r, time.monotonic())
@@ -107,7 +108,7 @@ def follow(
                     progress.console.print(row_table(record, header, asr))
                     header = False
                     printed.add(r)
-            if status["state"] == "completed" and len(printed) >= total_rounds:
+            if status.state == FederationState.COMPLETED and len(printed) >= total_rounds:
                 break
             time.sleep(0.5)
     initial = admin.evaluation(fid, 0)

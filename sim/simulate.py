@@ -490,11 +490,11 @@ def _continue_federation(admin: CoordinatorClient, run: Run) -> tuple[int, dict[
     fid = int(json.loads(run.state_path.read_text())["federation_id"])
     fed = admin.federation(fid)
     console.print(
-        f"continuing federation {fid} from {run.out} (the same options; round {fed['current_round']} of "
-        f"{fed['rounds_total']})",
+        f"continuing federation {fid} from {run.out} (the same options; round {fed.current_round} of "
+        f"{fed.rounds_total})",
         soft_wrap=True,
     )
-    return fid, fed["spec"]
+    return fid, fed.spec
 
 
 def _create_federation(
@@ -502,7 +502,7 @@ def _create_federation(
 ) -> tuple[int, dict[str, Any]]:
     """A new federation with its starting prompt; simulation.json records it and the set-up."""
     spec, initial_blob = federation_spec(opts, dataset)
-    fid = admin.create_federation(spec.model_dump(mode="json"))["id"]
+    fid = admin.create_federation(spec.model_dump(mode="json")).id
     if initial_blob is not None:
         admin.set_initial_prompt(fid, initial_blob)
     setup = {
@@ -526,7 +526,7 @@ def _create_federation(
         "lr": spec.lr,  # the learning rate the run resolved (an unset --lr matches it)
     }
     run.state_path.write_text(json.dumps(setup, indent=2))
-    return fid, admin.federation(fid)["spec"]
+    return fid, admin.federation(fid).spec
 
 
 def _client(i: int, fid: int, setup: dict[str, Any], seed: int, run: Run) -> ClientEntry:

@@ -23,6 +23,7 @@ import numpy as np
 import structlog
 from fedprompt.shared import drift, wire
 from fedprompt.shared.client import ApiError, CoordinatorClient
+from fedprompt.shared.contract import DoneTask, EvaluateTask, SecaggTask, TrainTask
 from fedprompt.shared.secagg.client import Policy
 from fedprompt.shared.secagg.protocol import flatten
 from fedprompt.shared.spec import FederationSpec, client_steps
@@ -35,6 +36,7 @@ from fedprompt.worker.retry import Stopped, with_retries
 from fedprompt.worker.secagg import SecureStages, evaluation_in_the_clear
 from fedprompt.worker.slots import ElasticThreads, training_slot
 from fedprompt.worker.state import StateDir
+from pydantic import ValidationError
 
 log = logging.getLogger("fedprompt.worker")
 T = TypeVar("T")
@@ -203,17 +205,19 @@ class Agent:
             if exc.status in (401, 403):
                 raise FatalWorkerError(f"the coordinator refuses this worker: {exc}") from None
             raise
-        if task is None:
+        except ValidationError as exc:
+            # a kind this worker does not know (a newer coordinator's), or a malformed task
+            log.warning("a task this worker cannot read was left alone: %s", exc)
+            self._stop.wait(1.0)
             return
-        kind = task["kind"]
-        if kind == "evaluate":
+        if isinstance(task, EvaluateTask):
             self._evaluate(task)
-        elif kind == "train":
-            if "secure_aggregation" not in task or self._secure_allows(task):
+        elif isinstance(task, TrainTask):
+            if task.secure_aggregation is None or self._secure_allows(task):
                 self._train(task)
-        elif kind == "secagg":
+        elif isinstance(task, SecaggTask):
             self._secagg(task)
-        elif kind == "done":
+        elif isinstance(task, DoneTask):
             self.status.state = "done"
             self._stop.wait(5.0)
 
@@ -230,12 +234,12 @@ class Agent:
         self._last_prompt = (version, sha256, prompt.blob)
         return prompt.blob
 
-    def _evaluate(self, task: dict[str, Any]) -> None:
+    def _evaluate(self, task: EvaluateTask) -> None:
         client = self.client
         assert client is not None
-        version = int(task["version"])
+        version = task.version
         self.status.state = "evaluating"
-        blob = self._download(version, task["sha256"])
+        blob = self._download(version, task.sha256)
         with self.engine_lock:
             self.engine.load_prompt(blob)
             result = self.engine.evaluate(self.eval_data, batch_size=self.config.eval_batch_size)
@@ -257,8 +261,8 @@ class Agent:
         self.status.versions_evaluated.append(version)
         self.status.state = "idle"
 
-    def _train(self, task: dict[str, Any]) -> None:
-        with self._heartbeats(int(task["round"])):
+    def _train(self, task: TrainTask) -> None:
+        with self._heartbeats(task.round):
             self._train_round(task)
 
     @contextmanager
@@ -299,11 +303,12 @@ class Agent:
         except (ApiError, httpx.HTTPError) as exc:
             log.debug("heartbeat not delivered: %s", exc)
 
-    def _train_round(self, task: dict[str, Any]) -> None:
-        number, version, cfg = int(task["round"]), int(task["version"]), task["config"]
+    def _train_round(self, task: TrainTask) -> None:
+        # the spec's training settings as the task repeats them (the worker's own copy of the spec has them too)
+        number, version, cfg = task.round, task.version, task.config
         self.status.state, self.status.round = "waiting-for-slot", number
         received_at, started = time.time(), time.perf_counter()
-        blob_in = self._download(version, task["sha256"])
+        blob_in = self._download(version, task.sha256)
         assert self.spec is not None
         # SCAFFOLD: the server's control variate of the same version, fetched before a slot is taken
         server_control = self._server_control(version) if self.spec.scaffold else None
@@ -316,9 +321,7 @@ class Agent:
             slot_wait_s = time.perf_counter() - started - download_s
             self.status.state = "training"
             self.engine.load_prompt(blob_in)
-            steps = client_steps(
-                int(cfg["local_steps"]), cfg.get("local_epochs"), len(self.train_data), int(cfg["batch_size"])
-            )
+            steps = client_steps(cfg.local_steps, cfg.local_epochs, len(self.train_data), cfg.batch_size)
             self.status.step, self.status.total_steps = 0, steps
             last = [time.perf_counter()]
 
@@ -347,10 +350,10 @@ class Agent:
             result = self.engine.train(
                 self.train_data,
                 steps=steps,
-                batch_size=int(cfg["batch_size"]),
-                lr=float(cfg["lr"]),
-                grad_clip=float(cfg.get("grad_clip", 1.0)),
-                seed=_round_seed(int(cfg.get("seed", 0)), number, self.status.client_id or 0),
+                batch_size=cfg.batch_size,
+                lr=cfg.lr,
+                grad_clip=cfg.grad_clip,
+                seed=_round_seed(cfg.seed, number, self.status.client_id or 0),
                 progress=progress,
                 **options,
             )
@@ -382,7 +385,7 @@ class Agent:
                     "trained_at": time.time(),
                 },
             }
-            if "secure_aggregation" in task:  # the masked vector instead of the prompt
+            if task.secure_aggregation is not None:  # the masked vector instead of the prompt
                 trained = tensors if tensors is not None else self.engine.get_prompt()
                 blob = self._masked(task, blob_in, trained, metrics)
             else:
@@ -412,15 +415,16 @@ class Agent:
             )
         return self._secure_stages
 
-    def _secagg(self, task: dict[str, Any]) -> None:
+    def _secagg(self, task: SecaggTask) -> None:
         """A secure round's keys, shares or unmasking stage; the round secrets are kept in the state
         directory before anything derived from them is sent (worker/secagg.py)."""
         client = self.client
         assert client is not None
-        number, stage = int(task["round"]), str(task["stage"])
+        number, stage = task.round, str(task.stage)
         self.status.state, self.status.round = f"secure-{stage}", number
         try:
-            payload = self._secure().answer(task)
+            # the stage's members by name, its own ones (index, roster, envelopes, ...) included: as sent
+            payload = self._secure().answer(task.model_dump(exclude_unset=True))
             self._retry(
                 f"secure aggregation {stage}",
                 lambda: client.secagg_stage(self.config.federation_id, number, stage, payload),
@@ -432,20 +436,20 @@ class Agent:
             self._stop.wait(1.0)
         self.status.state = "idle"
 
-    def _secure_allows(self, task: dict[str, Any]) -> bool:
+    def _secure_allows(self, task: TrainTask) -> bool:
         """Whether this client makes a masked vector for a secure round's train task (worker/secagg.py);
         a task it refuses is not trained for, and its deadline settles it."""
         try:
-            self._secure().check_masked(task)
+            self._secure().check_masked(task.model_dump(exclude_unset=True))
         except ValueError as exc:  # ProtocolError, EnvelopeError
-            log.warning("round %s: the masked stage was not answered: %s", task["round"], exc)
-            self.status.last_error = f"secure aggregation masked, round {task['round']}: {exc}"
+            log.warning("round %s: the masked stage was not answered: %s", task.round, exc)
+            self.status.last_error = f"secure aggregation masked, round {task.round}: {exc}"
             self._stop.wait(1.0)
             return False
         return True
 
     def _masked(
-        self, task: dict[str, Any], blob_in: bytes, trained: dict[str, Any], metrics: dict[str, Any]
+        self, task: TrainTask, blob_in: bytes, trained: dict[str, Any], metrics: dict[str, Any]
     ) -> bytes:
         """The masked upload of a secure round: the update (trained − global prompt, after LDP if any)
         clipped, quantised, weighted by this client's samples and masked."""
@@ -453,7 +457,9 @@ class Agent:
         shapes = self.spec.tensor_shapes()
         update = flatten(trained, shapes) - flatten(wire.decode(blob_in)[0], shapes)
         numbers = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
-        return self._secure().masked(task, update, max(len(self.train_data), 1), numbers)
+        return self._secure().masked(
+            task.model_dump(exclude_unset=True), update, max(len(self.train_data), 1), numbers
+        )
 
     def _release(self, blob_in: bytes, metrics: dict[str, Any]) -> dict[str, Any] | None:
         """The trained prompt as uploaded when it differs from the engine's (worker/release.py); None

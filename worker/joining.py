@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 from fedprompt.shared.client import ApiError, CoordinatorClient
+from fedprompt.shared.contract import Enrolled
 from fedprompt.shared.spec import FederationSpec
 from fedprompt.worker.protocol import Engine
 from fedprompt.worker.state import Credentials, StateDir
@@ -30,7 +31,7 @@ def join(
     num_samples: int,
     num_eval: int,
     transport: httpx.BaseTransport | None,
-    retry: Callable[[str, Callable[[], Any]], Any],
+    retry: Callable[[str, Callable[[], Enrolled]], Enrolled],
     on_enrol: Callable[[], None] = lambda: None,
 ) -> Credentials:
     """The saved credentials for this federation, or new ones from enrolling with the token (on_enrol
@@ -59,7 +60,7 @@ def join(
         raise FatalWorkerError(f"enrolment refused: {exc}") from None
     finally:
         anon.close()
-    creds = Credentials(coordinator, federation_id, enrolled["client_id"], enrolled["token"])
+    creds = Credentials(coordinator, federation_id, enrolled.client_id, enrolled.token)
     state.save_credentials(creds)
     log.info("enrolled as client %s", creds.client_id)
     return creds

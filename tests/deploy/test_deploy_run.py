@@ -180,7 +180,7 @@ def test_migrate_two_coordinators_three_workers_one_round(pg_url: str, tmp_path:
 
         # 3. A federation through the API; its id is the one the workers' ConfigMap names.
         admin = CoordinatorClient(urls[0], ADMIN)
-        fid = admin.create_federation(SPEC)["id"]
+        fid = admin.create_federation(SPEC).id
         assert str(fid) == config["FEDPROMPT_FEDERATION"]
         secrets["fedprompt-worker"] = {
             "enrollment-token": admin.create_enrollment_token(fid, max_uses=3),
@@ -211,7 +211,7 @@ def test_migrate_two_coordinators_three_workers_one_round(pg_url: str, tmp_path:
             workers[name] = f"http://127.0.0.1:{port}"
 
         # 5. One round closes with all three updates; every replica reports the same.
-        wait_for(lambda: admin.federation(fid)["state"] == "completed", 300, "round 1 to close")
+        wait_for(lambda: admin.federation(fid).state == "completed", 300, "round 1 to close")
         for url in urls:
             (round1,) = CoordinatorClient(url, ADMIN).rounds(fid)
             assert round1["state"] == "closed" and round1["stats"]["updates"] == 3

@@ -14,6 +14,7 @@ import pytest
 from fedprompt.coordinator.db import Event, PromptVersion, Round, Update, make_engine, make_sessionmaker
 from fedprompt.shared import wire
 from fedprompt.shared.client import CoordinatorClient
+from fedprompt.shared.contract import DoneTask, EvaluateTask
 from sqlalchemy import select
 
 from tests.helpers import ADMIN, coordinator_process, update_blob
@@ -42,19 +43,19 @@ def _client_loop(
             task = c.task(fid, wait=1)
             if task is None:
                 continue
-            if task["kind"] == "done":
+            if isinstance(task, DoneTask):
                 return
-            prompt = rng.choice(clients).prompt(fid, task["version"])
-            assert wire.sha256(prompt.blob) == task["sha256"]
-            if task["kind"] == "evaluate":
+            prompt = rng.choice(clients).prompt(fid, task.version)
+            assert wire.sha256(prompt.blob) == task.sha256
+            if isinstance(task, EvaluateTask):
                 rng.choice(clients).report_evaluation(
-                    fid, task["version"], {"num_samples": 5 + seed, "accuracy": 0.5}
+                    fid, task.version, {"num_samples": 5 + seed, "accuracy": 0.5}
                 )
                 continue
             blob = update_blob(
-                spec, seed * 1000 + task["round"], num_samples=10 + 7 * seed, base_version=task["version"]
+                spec, seed * 1000 + task.round, num_samples=10 + 7 * seed, base_version=task.version
             )
-            status, _ = rng.choice(clients).upload(fid, task["round"], blob)
+            status, _ = rng.choice(clients).upload(fid, task.round, blob)
             assert status in (200, 201)
     finally:
         for c in clients:
@@ -78,14 +79,14 @@ def test_two_replicas_on_one_database_aggregate_each_round_exactly_once(db_url: 
         coordinator_process(db_url, tmp_path) as (url_b, _),
     ):
         admin = CoordinatorClient(url_a, ADMIN)
-        fid = admin.create_federation(spec)["id"]
+        fid = admin.create_federation(spec).id
         token = admin.with_token(ADMIN).create_enrollment_token(fid)
         creds = []
         for i in range(6):
             enrol = CoordinatorClient([url_a, url_b][i % 2]).enroll(
                 fid, token, name=f"c{i}", num_samples=10 + 7 * i, info={}
             )
-            creds.append(enrol["token"])
+            creds.append(enrol.token)
         stop = threading.Event()
         threads = [
             threading.Thread(
@@ -96,12 +97,12 @@ def test_two_replicas_on_one_database_aggregate_each_round_exactly_once(db_url: 
         for t in threads:
             t.start()
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and admin.federation(fid)["state"] != "completed":
+        while time.monotonic() < deadline and admin.federation(fid).state != "completed":
             time.sleep(0.5)
         stop.set()
         for t in threads:
             t.join(30)
-        assert admin.federation(fid)["state"] == "completed"
+        assert admin.federation(fid).state == "completed"
         admin.close()
 
     engine = make_engine(db_url)
@@ -141,19 +142,19 @@ def test_kill_9_after_acknowledged_uploads_loses_nothing(tmp_path: Path) -> None
     acknowledged: list[str] = []
     with coordinator_process(db, tmp_path) as (url, proc):
         admin = CoordinatorClient(url, ADMIN)
-        fid = admin.create_federation(spec)["id"]
+        fid = admin.create_federation(spec).id
         token = admin.create_enrollment_token(fid)
         creds = [
-            CoordinatorClient(url).enroll(fid, token, name=f"c{i}", num_samples=5 * (i + 1), info={})["token"]
+            CoordinatorClient(url).enroll(fid, token, name=f"c{i}", num_samples=5 * (i + 1), info={}).token
             for i in range(3)
         ]
-        assert admin.federation(fid)["open_round"]["round"] == 1
+        assert admin.federation(fid).open_round.round == 1
         for i in range(2):
             status, body = CoordinatorClient(url, creds[i]).upload(
                 fid, 1, update_blob(spec, i, num_samples=5 * (i + 1))
             )
             assert status == 201
-            acknowledged.append(body["sha256"])
+            acknowledged.append(body.sha256)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     with coordinator_process(db, tmp_path) as (url, _):
@@ -164,7 +165,7 @@ def test_kill_9_after_acknowledged_uploads_loses_nothing(tmp_path: Path) -> None
         assert r1["state"] == "open" and sum(p["uploaded"] for p in r1["participants"]) == 2
         status, body = last.upload(fid, 1, update_blob(spec, 2, num_samples=15))
         assert status == 201
-        acknowledged.append(body["sha256"])
+        acknowledged.append(body.sha256)
         for _ in range(100):
             if admin.rounds(fid)[0]["state"] == "closed":
                 break
@@ -192,7 +193,7 @@ def test_oversized_upload_is_refused_before_the_body_is_read(tmp_path: Path) -> 
     spec = {"name": "limit", "num_virtual_tokens": 4, "hidden_size": 8, "min_clients": 1}
     with coordinator_process(db, tmp_path, extra_env={"FEDPROMPT_MAX_UPLOAD_BYTES": "65536"}) as (url, _):
         admin = CoordinatorClient(url, ADMIN)
-        fid = admin.create_federation(spec)["id"]
+        fid = admin.create_federation(spec).id
         cred = CoordinatorClient(url).enroll(
             fid, admin.create_enrollment_token(fid), name="c", num_samples=1, info={}
         )
@@ -200,7 +201,7 @@ def test_oversized_upload_is_refused_before_the_body_is_read(tmp_path: Path) -> 
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
             head = (
                 f"PUT /api/v1/federations/{fid}/rounds/1/update HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                f"Authorization: Bearer {cred['token']}\r\nContent-Type: application/octet-stream\r\n"
+                f"Authorization: Bearer {cred.token}\r\nContent-Type: application/octet-stream\r\n"
                 "Content-Length: 1000000000\r\n\r\n"
             )
             sock.sendall(head.encode() + b"\0" * 1024)  # 1 KiB of a declared 1 GB: the answer must not wait

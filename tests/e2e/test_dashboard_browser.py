@@ -75,7 +75,7 @@ class Sites:
         self.clients: list[CoordinatorClient] = []
         for name, samples in SITES:
             enrolled = admin.enroll(fid, token, name=name, num_samples=samples, info={})
-            self.clients.append(admin.with_token(enrolled["token"]))
+            self.clients.append(admin.with_token(enrolled.token))
 
     def upload(self, number: int, which: list[int]) -> None:
         """Sites `which` train round `number` (download its base prompt, upload a random update)."""
@@ -96,7 +96,7 @@ class Sites:
         """Every site reports the synthetic metrics of a prompt version (once the round has aggregated)."""
         # The last upload closes the round in a background task: wait for the version to exist.
         wait_for(
-            lambda: self.admin.federation(self.fid)["latest_version"] >= version,
+            lambda: self.admin.federation(self.fid).latest_version >= version,
             30,
             f"prompt version {version}",
         )
@@ -156,17 +156,17 @@ def test_dashboard_follows_rounds_live_and_closes_a_round(browser: Browser, tmp_
     # Prepare: a real coordinator, a federation with three enrolled sites; round 1 opens by itself
     with coordinator_process(f"sqlite:///{tmp_path / 'dash.db'}", tmp_path) as (url, _):
         admin = CoordinatorClient(url, ADMIN)
-        fid = admin.create_federation(SPEC)["id"]
+        fid = admin.create_federation(SPEC).id
         sites = Sites(admin, fid)
         sites.evaluate(0)
         # The other federation's spec leaves the model's size out: its worker states it at enrolment
         unsized = {k: v for k, v in SPEC.items() if k != "params_full_model"}
-        other = admin.create_federation({**unsized, "name": "agnews-banks", "min_clients": 2})["id"]
+        other = admin.create_federation({**unsized, "name": "agnews-banks", "min_clients": 2}).id
         bank_token = admin.create_enrollment_token(other, max_uses=1)
         admin.enroll(
             other, bank_token, name="bank-a", num_samples=500, info={}, model_parameters=MINILM_PARAMETERS
         )
-        assert admin.federation(other)["spec"]["params_full_model"] is None
+        assert admin.federation(other).spec["params_full_model"] is None
         context = browser.new_context(viewport={"width": 1440, "height": 1000})
         page = context.new_page()
         problems: list[str] = []
@@ -240,7 +240,7 @@ def test_dashboard_follows_rounds_live_and_closes_a_round(browser: Browser, tmp_
         # Its ratio comes from the size its worker stated at enrolment, not from the spec
         expect(ratio).to_contain_text("0.0338 % of 22,713,216 parameters")
         expect(ratio).to_contain_text("as an enrolled worker stated its model")
-        assert admin.federation(other)["ledger"]["params_full_model"] == MINILM_PARAMETERS
+        assert admin.federation(other).model_extra["ledger"]["params_full_model"] == MINILM_PARAMETERS
         page.click(f'[data-select-federation="{fid}"]')
         expect(head).to_contain_text(SPEC["name"])
         assert page.evaluate("window.__noReload") == "still here"
@@ -290,7 +290,7 @@ def test_site_health_the_per_site_table_and_a_first_version_on_the_page(
     spec = {**SPEC, "name": "site-health", "availability_timeout_s": 30, "rounds": 3}
     with coordinator_process(f"sqlite:///{tmp_path / 'health.db'}", tmp_path) as (url, _):
         admin = CoordinatorClient(url, ADMIN)
-        fid = admin.create_federation(spec)["id"]
+        fid = admin.create_federation(spec).id
         sites = Sites(admin, fid)  # round 1 opens with the three sites
         sites.evaluate(0)
         killed, busy, idle = sites.clients
@@ -355,20 +355,20 @@ def test_a_secure_round_with_a_drop_at_each_stage_on_the_page(browser: Browser, 
         httpx.Client(base_url=url, timeout=30) as http,
     ):
         admin = CoordinatorClient(url, ADMIN)
-        fid = admin.create_federation(spec)["id"]
+        fid = admin.create_federation(spec).id
         token = admin.create_enrollment_token(fid, max_uses=12)
         clients = []
         for i, name in enumerate(names):
             got = admin.enroll(fid, token, name=name, num_samples=20, info={})
             update = np.random.default_rng(i).uniform(-0.4, 0.4, 20 * 384)
-            clients.append(ScriptedClient(http, fid, got["client_id"], got["token"], update, 20, seed=i))
+            clients.append(ScriptedClient(http, fid, got.client_id, got.token, update, 20, seed=i))
         for i, stage in ((1, "keys"), (4, "shares"), (7, "masked"), (8, "consistency")):
             clients[i].stop_after = stage
         clients[9].holds.add((1, "keys"))  # never answers round 1 at all: dropped at keys
-        wait_for(lambda: admin.federation(fid)["current_round"] == 1, 30, "round 1")
+        wait_for(lambda: admin.federation(fid).current_round == 1, 30, "round 1")
 
         def step() -> bool:
-            if admin.federation(fid)["latest_version"] >= 1:
+            if admin.federation(fid).latest_version >= 1:
                 return True
             for c in clients:
                 c.step()

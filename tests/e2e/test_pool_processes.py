@@ -63,7 +63,7 @@ def test_two_pool_processes_serve_six_clients(tmp_path: Path) -> None:
         admin = CoordinatorClient(url, ADMIN)
         fid = admin.create_federation(
             {**SPEC, "min_clients": K, "fraction": 1.0, "rounds": 2, "local_steps": 2}
-        )["id"]
+        ).id
         token = admin.create_enrollment_token(fid, max_uses=K)
         try:
             pools = [
@@ -75,7 +75,7 @@ def test_two_pool_processes_serve_six_clients(tmp_path: Path) -> None:
                 for p, ids in enumerate([[0, 1, 2], [3, 4, 5]])
             ]
             procs += [p for p, _ in pools]
-            wait_for(lambda: admin.federation(fid)["state"] == "completed", 600, "2 rounds to complete")
+            wait_for(lambda: admin.federation(fid).state == "completed", 600, "2 rounds to complete")
             rounds = admin.rounds(fid)
             assert [(r["round"], r["state"], r["stats"]["updates"]) for r in rounds] == [
                 (1, "closed", K),
@@ -91,7 +91,7 @@ def test_two_pool_processes_serve_six_clients(tmp_path: Path) -> None:
                     assert client["client_id"] == enrolled[client["name"]]
                     assert client["rounds_trained"] == [1, 2]
             # The spec leaves the model's size out: the workers stated it once they had loaded MiniLM
-            assert admin.federation(fid)["ledger"]["params_full_model"] == 22_713_216
+            assert admin.federation(fid).model_extra["ledger"]["params_full_model"] == 22_713_216
         finally:
             stop_all(procs)
     clients, per_client = _per_client_updates(db)
@@ -113,7 +113,7 @@ def test_pool_process_killed_mid_round_loses_no_update(tmp_path: Path) -> None:
                 "local_steps": 30,
                 "round_deadline_s": 900,
             }
-        )["id"]
+        ).id
         token = admin.create_enrollment_token(fid, max_uses=4)
         configs = [
             _pool_file(tmp_path / f"pool-{p}.json", url, fid, token, ids, tmp_path)
@@ -136,7 +136,7 @@ def test_pool_process_killed_mid_round_loses_no_update(tmp_path: Path) -> None:
             # The same pool again: its clients reuse their saved credentials and train the open round.
             again, again_url = start_pool(configs[0], tmp_path, "pool-0-again")
             procs.append(again)
-            wait_for(lambda: admin.federation(fid)["state"] == "completed", 600, "the round to complete")
+            wait_for(lambda: admin.federation(fid).state == "completed", 600, "the round to complete")
             status = wait_for(lambda: worker_status(again_url), 30, "restarted pool status")
             assert all(c["rounds_trained"] == [1] for c in status["clients"])
         finally:

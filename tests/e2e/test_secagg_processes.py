@@ -108,7 +108,7 @@ def test_secure_federation_of_ten_scripted_sites(tmp_path: Path) -> None:
         stop = threading.Event()
         thread = _run(clients, stop)
         admin = CoordinatorClient(url, ADMIN)
-        wait_for(lambda: admin.federation(fid)["latest_version"] >= 1, 30, "round 1")
+        wait_for(lambda: admin.federation(fid).latest_version >= 1, 30, "round 1")
         total = sum(c.weight for c in clients)
         expected = _flat(http, fid, 0, spec) + sum(c.weight * c.update for c in clients) / total
         got = _flat(http, fid, 1, spec)
@@ -133,7 +133,7 @@ def test_secure_federation_of_ten_scripted_sites(tmp_path: Path) -> None:
             c.stop_after = None
         stop = threading.Event()
         thread = _run(clients, stop)
-        wait_for(lambda: admin.federation(fid)["state"] == "completed", 40, "round 2's retry")
+        wait_for(lambda: admin.federation(fid).state == "completed", 40, "round 2's retry")
         stop.set()
         thread.join(10)
         # an altered copy of an accepted masked vector is refused, the same bytes acknowledged
@@ -205,7 +205,7 @@ def test_pool_workers_with_sites_dropping_at_each_stage(tmp_path: Path) -> None:
     procs: list[subprocess.Popen] = []
     with coordinator_process(db, tmp_path) as (url, _), httpx.Client(base_url=url, timeout=30) as http:
         admin = CoordinatorClient(url, ADMIN)
-        fid = admin.create_federation(spec_json)["id"]
+        fid = admin.create_federation(spec_json).id
         token = admin.create_enrollment_token(fid, max_uses=7)
         config = _pool_file(tmp_path / "pool.json", url, fid, token, 7, tmp_path)
         pool, pool_url = start_pool(config, tmp_path, "pool")
@@ -221,7 +221,7 @@ def test_pool_workers_with_sites_dropping_at_each_stage(tmp_path: Path) -> None:
                 site.stop_after = stage
             stop = threading.Event()
             thread = _run(sites, stop)
-            wait_for(lambda: admin.federation(fid)["state"] == "completed", 120, "the secure round")
+            wait_for(lambda: admin.federation(fid).state == "completed", 120, "the secure round")
             stop.set()
             thread.join(10)
             status = httpx.get(f"{pool_url}/status", timeout=5).json()
@@ -269,7 +269,7 @@ def test_a_pool_killed_before_unmasking_answers_after_its_restart(tmp_path: Path
     procs: list[subprocess.Popen] = []
     with coordinator_process(db, tmp_path) as (url, _), httpx.Client(base_url=url, timeout=30) as http:
         admin = CoordinatorClient(url, ADMIN)
-        fid = admin.create_federation(spec_json)["id"]
+        fid = admin.create_federation(spec_json).id
         token = admin.create_enrollment_token(fid, max_uses=3)
         config = _pool_file(tmp_path / "pool.json", url, fid, token, 3, tmp_path)
         first, first_url = start_pool(config, tmp_path, "pool-first")
@@ -294,9 +294,7 @@ def test_a_pool_killed_before_unmasking_answers_after_its_restart(tmp_path: Path
             wait_for(lambda: "masked" in {s for _, s in site.done}, 30, "the site's masked vector")
             second, _ = start_pool(config, tmp_path, "pool-second")
             procs.append(second)
-            wait_for(
-                lambda: admin.federation(fid)["state"] == "completed", 120, "the round after the restart"
-            )
+            wait_for(lambda: admin.federation(fid).state == "completed", 120, "the round after the restart")
             stop.set()
             thread.join(10)
         finally:

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from fedprompt.shared.client import ApiError, CoordinatorClient
+from fedprompt.shared.contract import Enrolled, EvaluateTask, TrainTask
 from fedprompt.shared.tls import ClientTLS, TLSConfigError
 
 from tests.helpers import ADMIN, SMALL_SPEC, coordinator_process, update_blob
@@ -106,24 +107,26 @@ def tls_coordinator(pki: Path, workdir: Path, *, mutual: bool) -> Iterator[str]:
         yield url
 
 
-def _one_round(url: str, admin: CoordinatorClient, sites: list[CoordinatorClient]) -> tuple[int, list[dict]]:
+def _one_round(
+    url: str, admin: CoordinatorClient, sites: list[CoordinatorClient]
+) -> tuple[int, list[Enrolled]]:
     """Create a federation, enrol each site with its own connection, upload round 1: (fid, enrolled)."""
-    fid = admin.create_federation(SMALL_SPEC)["id"]
+    fid = admin.create_federation(SMALL_SPEC).id
     enrolment = admin.create_enrollment_token(fid)
     enrolled = [
         site.enroll(fid, enrolment, name=f"site-{i}", num_samples=10, info={}) for i, site in enumerate(sites)
     ]
     for i, (site, who) in enumerate(zip(sites, enrolled, strict=True)):
-        as_site = site.with_token(who["token"])
+        as_site = site.with_token(who.token)
         task = as_site.task(fid, wait=5)
-        while task is not None and task["kind"] == "evaluate":  # the starting prompt's evaluation first
-            as_site.report_evaluation(fid, task["round"], {"num_samples": 10, "accuracy": 0.5})
+        while isinstance(task, EvaluateTask):  # the starting prompt's evaluation first
+            as_site.report_evaluation(fid, task.round, {"num_samples": 10, "accuracy": 0.5})
             task = as_site.task(fid, wait=5)
-        assert task is not None and task["kind"] == "train" and task["round"] == 1, task
+        assert isinstance(task, TrainTask) and task.round == 1, task
         status, _ = as_site.upload(fid, 1, update_blob(SMALL_SPEC, i, base_version=0))
         assert status == 201
     deadline = time.monotonic() + 30
-    while admin.federation(fid)["latest_version"] < 1:
+    while admin.federation(fid).latest_version < 1:
         assert time.monotonic() < deadline, admin.federation(fid)
         time.sleep(0.2)
     return fid, enrolled
@@ -139,7 +142,7 @@ def test_a_federation_over_tls(pki: Path, tmp_path: Path) -> None:
         with CoordinatorClient(url, ADMIN, tls=tls) as admin:
             sites = [CoordinatorClient(url, tls=tls) for _ in range(2)]
             fid, _ = _one_round(url, admin, sites)
-            assert admin.federation(fid)["latest_version"] == 1
+            assert admin.federation(fid).latest_version == 1
             for site in sites:
                 site.close()
 
@@ -154,17 +157,17 @@ def test_a_federation_over_mutual_tls_binds_each_site_to_its_certificate(pki: Pa
             CoordinatorClient(url, tls=_site(pki, "site-b")),
         )
         fid, (a, _) = _one_round(url, admin, [site_a, site_b])
-        assert admin.federation(fid)["latest_version"] == 1
+        assert admin.federation(fid).latest_version == 1
 
         # site a's token, from site b's connection or from one without a certificate: refused
         for other in (_site(pki, "site-b"), _site(pki, None)):
             with (
-                CoordinatorClient(url, a["token"], tls=other) as thief,
+                CoordinatorClient(url, a.token, tls=other) as thief,
                 pytest.raises(ApiError) as refused,
             ):
                 thief.spec(fid)
             assert refused.value.status == 403 and "certificate it enrolled with" in str(refused.value)
-        assert site_a.with_token(a["token"]).spec(fid)["name"] == SMALL_SPEC["name"]
+        assert site_a.with_token(a.token).spec(fid)["name"] == SMALL_SPEC["name"]
 
         # an enrolment token alone enrols nobody
         enrolment = admin.create_enrollment_token(fid)

@@ -39,11 +39,11 @@ def test_three_workers_two_rounds(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'e2e.db'}"
     with coordinator_process(db, tmp_path) as (url, _):
         admin = CoordinatorClient(url, ADMIN)
-        fid = admin.create_federation({**SPEC, "min_clients": 3, "rounds": 2, "local_steps": 4})["id"]
+        fid = admin.create_federation({**SPEC, "min_clients": 3, "rounds": 2, "local_steps": 4}).id
         token = admin.create_enrollment_token(fid)
         workers = [start_worker(url, fid, token, i, 3, tmp_path) for i in range(3)]
         try:
-            wait_for(lambda: admin.federation(fid)["state"] == "completed", 600, "2 rounds to complete")
+            wait_for(lambda: admin.federation(fid).state == "completed", 600, "2 rounds to complete")
             rounds = admin.rounds(fid)
             assert [(r["round"], r["state"]) for r in rounds] == [(1, "closed"), (2, "closed")]
             assert all(r["stats"]["updates"] == 3 for r in rounds)
@@ -68,7 +68,7 @@ def test_worker_killed_during_training_rejoins_without_duplicate(tmp_path: Path)
         admin = CoordinatorClient(url, ADMIN)
         # availability timeout 30 s: heartbeats every 3 s while training, stale after 9 s of silence
         spec = {**SPEC, "min_clients": 2, "rounds": 1, "local_steps": 40, "availability_timeout_s": 30}
-        fid = admin.create_federation(spec)["id"]
+        fid = admin.create_federation(spec).id
         token = admin.create_enrollment_token(fid)
         procs = []
         try:
@@ -101,7 +101,7 @@ def test_worker_killed_during_training_rejoins_without_duplicate(tmp_path: Path)
             # Restart with the same state directory and no enrolment token: it reuses its credentials.
             again, again_url = start_worker(url, fid, None, 0, 2, tmp_path)
             procs.append(again)
-            wait_for(lambda: admin.federation(fid)["state"] == "completed", 600, "the round to complete")
+            wait_for(lambda: admin.federation(fid).state == "completed", 600, "the round to complete")
             status = wait_for(lambda: worker_status(again_url), 30, "restarted worker status")
             assert status["rounds_trained"] == [1]
         finally:
@@ -123,7 +123,7 @@ def test_update_survives_coordinator_downtime(tmp_path: Path) -> None:
             admin = CoordinatorClient(url, ADMIN)
             fid = admin.create_federation(
                 {**SPEC, "min_clients": 2, "rounds": 1, "local_steps": 30, "round_deadline_s": 900}
-            )["id"]
+            ).id
             token = admin.create_enrollment_token(fid)
             a, a_url = start_worker(url, fid, token, 0, 2, tmp_path)
             token_file = tmp_path / "enrollment-token"  # as a mounted secret
@@ -150,7 +150,7 @@ def test_update_survives_coordinator_downtime(tmp_path: Path) -> None:
         )
         with coordinator_process(db, tmp_path, port=port) as (url, _):
             admin = CoordinatorClient(url, ADMIN)
-            wait_for(lambda: admin.federation(fid)["state"] == "completed", 120, "the round to complete")
+            wait_for(lambda: admin.federation(fid).state == "completed", 120, "the round to complete")
             r1 = admin.rounds(fid)[0]
             assert r1["state"] == "closed" and r1["stats"]["updates"] == 2
             wait_for(

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import typer
+from fedprompt.shared.contract import FederationStatus
 from fedprompt.sim.options import SimulateOptions
 from fedprompt.sim.outdir import OutState, check_out, differences, recorded_options, wipe
 from fedprompt.sim.simulate import simulate_command
@@ -308,32 +309,60 @@ def test_simulate_announces_the_dashboard_and_the_admin_token(
     assert f"FEDPROMPT_ADMIN_TOKEN=$(cat {path})" in text and "t" * 40 not in text
 
 
+def _status(state: str, enrolled: int, uploaded: int | None = None) -> FederationStatus:
+    """A federation's status with `enrolled` clients; round 1 open with `uploaded` of 2 uploads unless None."""
+    parts = [{"client_id": i + 1, "uploaded": i < (uploaded or 0)} for i in range(2)]
+    open_round = {
+        "round": 1,
+        "attempt": 1,
+        "state": "open",
+        "base_version": 0,
+        "result_version": None,
+        "opened_at": 0.0,
+        "deadline_at": 60.0,
+        "closed_at": None,
+        "closed_by": None,
+        "seconds": None,
+        "failure_reason": None,
+        "participants": parts,
+        "stats": None,
+        "evaluation": None,
+    }
+    return FederationStatus.model_validate(
+        {
+            "id": 1,
+            "name": "sim",
+            "state": state,
+            "paused": False,
+            "current_round": 0 if uploaded is None else 1,
+            "rounds_total": 1,
+            "latest_version": 0,
+            "clients": {"enrolled": enrolled, "active": enrolled, "available": enrolled},
+            "open_round": None if uploaded is None else open_round,
+            "latest": None,
+            "spec": {},
+            "created_at": 0.0,
+        }
+    )
+
+
 class _Admin:
     """A coordinator's answers over time: waiting for clients, round 1 with its uploads, then done."""
 
     def __init__(self) -> None:
         from tests.sim.test_simulate_parts import _round
 
-        waiting = {"state": "waiting", "open_round": None, "clients": {"enrolled": 1, "active": 1}}
-        more = {**waiting, "clients": {"enrolled": 2, "active": 2}}
-
-        def open_with(uploaded: int) -> dict[str, Any]:
-            parts = [{"uploaded": i < uploaded} for i in range(2)]
-            return {
-                **more,
-                "state": "running",
-                "open_round": {"round": 1, "attempt": 1, "participants": parts},
-            }
-
-        done = {**more, "state": "completed", "open_round": None}
-        self.statuses = [waiting, waiting, more, open_with(0), open_with(1), open_with(1), done]
+        waiting, more = _status("waiting", 1), _status("waiting", 2)
+        running = [_status("running", 2, uploaded) for uploaded in (0, 1, 1)]
+        done = _status("completed", 2)
+        self.statuses = [waiting, waiting, more, *running, done]
         self.closed = [_round(1) | {"evaluation": {"accuracy": 0.7, "clients": 2, "num_samples": 20}}]
 
-    def federation(self, fid: int) -> dict[str, Any]:
+    def federation(self, fid: int) -> FederationStatus:
         return self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
 
     def rounds(self, fid: int) -> list[dict[str, Any]]:
-        return self.closed if self.statuses[0]["state"] == "completed" else []
+        return self.closed if self.statuses[0].state == "completed" else []
 
     def clients(self, fid: int) -> list[dict[str, Any]]:
         training = {"phase": "training", "round": 1, "total_steps": 50}

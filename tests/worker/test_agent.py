@@ -82,7 +82,13 @@ class FakeCoordinator:
         with self.lock:
             self.calls.append(f"{method} {path}")
         if method == "POST" and path.endswith("/clients"):
-            return httpx.Response(201, json={"client_id": 7, "token": "fpc_x", "federation_id": 1})
+            enrolled = {
+                "client_id": 7,
+                "token": "fpc_x",
+                "federation_id": 1,
+                "spec": SPEC.model_dump(mode="json"),
+            }
+            return httpx.Response(201, json=enrolled)
         if path.endswith("/spec"):
             return httpx.Response(200, json=SPEC.model_dump(mode="json"))
         if path.endswith("/task"):
@@ -96,6 +102,7 @@ class FakeCoordinator:
                         "attempt": 1,
                         "version": 0,
                         "sha256": wire.sha256(self.initial),
+                        "deadline_at": 2e9,
                         "config": self.config,
                     },
                 )
@@ -109,7 +116,15 @@ class FakeCoordinator:
             self.uploads.append(request.content)
             if len(self.uploads) <= self.fail_uploads:
                 return httpx.Response(503, json={"detail": "try later"}, headers={"Retry-After": "0"})
-            return httpx.Response(201, json={"round": 1, "sha256": wire.sha256(request.content)})
+            receipt = {
+                "round": 1,
+                "attempt": 1,
+                "client_id": 7,
+                "sha256": wire.sha256(request.content),
+                "num_samples": 4,
+                "size": len(request.content),
+            }
+            return httpx.Response(201, json=receipt)
         return httpx.Response(404, json={"detail": f"unexpected {method} {path}"})
 
 
@@ -205,10 +220,10 @@ class EvaluateThenTrain(FakeCoordinator):
         if request.url.path.endswith("/task") and not self.evaluated:
             self.evaluated = True
             return httpx.Response(
-                200, json={"kind": "evaluate", "version": 0, "sha256": wire.sha256(self.initial)}
+                200, json={"kind": "evaluate", "round": 0, "version": 0, "sha256": wire.sha256(self.initial)}
             )
         if request.url.path.endswith("/evaluation"):
-            return httpx.Response(200, json={"ok": True})
+            return httpx.Response(201, json={"version": 0, "stored": True})
         return super().__call__(request)
 
 
@@ -218,6 +233,27 @@ def test_a_version_evaluated_is_not_downloaded_again_to_train(tmp_path: Path) ->
     _run_until_done(agent)
     assert agent.status.versions_evaluated == [0] and agent.status.rounds_trained == [1]
     assert sum("/prompts/" in c for c in coordinator.calls) == 1
+
+
+class NewerKindFirst(FakeCoordinator):
+    """First asks for a kind of task this worker does not know (a newer coordinator's), then as usual."""
+
+    def __init__(self) -> None:
+        super().__init__(fail_uploads=0)
+        self.asked = False
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/task") and not self.asked:
+            self.asked = True
+            return httpx.Response(200, json={"kind": "distill", "round": 1, "version": 0})
+        return super().__call__(request)
+
+
+def test_a_task_of_an_unknown_kind_is_left_alone(tmp_path: Path) -> None:
+    coordinator = NewerKindFirst()
+    agent = _agent(tmp_path, coordinator)
+    _run_until_done(agent)
+    assert coordinator.asked and agent.status.rounds_trained == [1] and len(coordinator.uploads) == 1
 
 
 class SizedEngine(FakeEngine):

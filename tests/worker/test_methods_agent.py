@@ -32,7 +32,13 @@ def _agent(tmp_path: Path, spec: FederationSpec, calls: list[str]) -> Agent:
     def handler(request: httpx.Request) -> httpx.Response:
         calls.append(f"{request.method} {request.url.path}")
         if request.url.path.endswith("/clients"):
-            return httpx.Response(201, json={"client_id": 3, "token": "fpc_x", "federation_id": 1})
+            enrolled = {
+                "client_id": 3,
+                "token": "fpc_x",
+                "federation_id": 1,
+                "spec": spec.model_dump(mode="json"),
+            }
+            return httpx.Response(201, json=enrolled)
         if request.url.path.endswith("/spec"):
             return httpx.Response(200, json=spec.model_dump(mode="json"))
         return httpx.Response(404, json={"detail": "unexpected"})

@@ -151,11 +151,11 @@ class _ScriptedCoordinator(FakeCoordinator):
             return httpx.Response(200, json=self.spec.model_dump(mode="json"))
         if path.endswith("/evaluation"):
             self.reports.append(json.loads(request.content))
-            return httpx.Response(201, json={"stored": True})
+            return httpx.Response(201, json={"version": 0, "stored": True})
         if path.endswith("/task") and not self.evaluated:
             self.evaluated = True
             return httpx.Response(
-                200, json={"kind": "evaluate", "version": 0, "sha256": wire.sha256(self.initial)}
+                200, json={"kind": "evaluate", "round": 0, "version": 0, "sha256": wire.sha256(self.initial)}
             )
         return super().__call__(request)
 
