@@ -23,7 +23,6 @@ import socket
 import tempfile
 import threading
 import time
-import typing
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from fedprompt.shared import wire
 from fedprompt.shared.client import CoordinatorClient
 from fedprompt.shared.contract import EvaluateTask, TrainTask
 from fedprompt.shared.spec import FederationSpec
+from fedprompt.shared.vocab import Method
 
 from bench.common import ratio, write_result
 
@@ -88,7 +88,7 @@ class CountingProxy:
 
 def methods() -> list[str]:
     """The prompt methods the spec offers."""
-    return list(typing.get_args(FederationSpec.model_fields["method"].annotation)) or ["prompt_tuning"]
+    return list(Method)
 
 
 def _spec_kwargs(method: str, hidden: int, layers: int, heads: int) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fedprompt.shared import wire
+from fedprompt.shared.vocab import Method
 
 from bench import aggregation, comm, e2e, ingest, report, scoring, secagg, worker
 
@@ -33,6 +34,7 @@ def test_aggregation_compares_every_rule_with_numpy(tmp_path: Path) -> None:
 def test_comm_counts_headers_and_bodies_on_the_wire(tmp_path: Path) -> None:
     comm.main(["--quick", "--repeats", "2", "--out-dir", str(tmp_path)])
     rows = _result(tmp_path, "comm")["rows"]
+    assert sorted(r["method"] for r in rows) == sorted(Method)  # every method the spec offers
     pt = next(r for r in rows if r["method"] == "prompt_tuning")
     assert pt["tensor_bytes"] == 20 * 384 * 4
     # two prompt transfers (upload, evaluation download; training reuses the version evaluated)
