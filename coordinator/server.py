@@ -53,7 +53,7 @@ def guarded_protocol(
     if HttpToolsProtocol is None:  # pragma: no cover
         return None
 
-    class GuardedHttpToolsProtocol(HttpToolsProtocol):  # type: ignore[misc,valid-type]
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):
         header_timeout = header_timeout_s
         body_timeout = body_timeout_s
         max_head = max_header_bytes
@@ -61,7 +61,7 @@ def guarded_protocol(
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._head_timer: asyncio.TimerHandle | None = None
-            self._tls: dict[str, Any] | None = None
+            self._tls: dict[object, object] | None = None
             self._rest_timer: asyncio.TimerHandle | None = None
             self._head_bytes = 0
             self._refused = False
@@ -182,9 +182,10 @@ def guarded_protocol(
     return GuardedHttpToolsProtocol
 
 
-def tls_extension(transport: asyncio.BaseTransport) -> dict[str, Any] | None:
+def tls_extension(transport: asyncio.BaseTransport) -> dict[object, object] | None:
     """The ASGI TLS extension of a connection (None on plain HTTP): its client certificate as PEM in
-    ``client_cert_chain`` (empty when the client sent none; verified against the client CA by then)."""
+    ``client_cert_chain`` (empty when the client sent none; verified against the client CA by then).
+    Typed as the scope's extensions are (uvicorn's ASGI types)."""
     tls = transport.get_extra_info("ssl_object")
     if tls is None:
         return None

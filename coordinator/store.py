@@ -153,7 +153,9 @@ class Store:
             )
             if selected:
                 self._selected[rnd.id] = selected
-        return bool(selected) and self.count_updates(s, rnd.id) >= selected
+        if not selected:  # none selected (or no count): never complete
+            return False
+        return self.count_updates(s, rnd.id) >= selected
 
     # -- specs ----------------------------------------------------------------------------------
 

@@ -343,7 +343,7 @@ def model_facts(
         verbalizer=spec_kwargs["verbalizer"],
         num_virtual_tokens=spec_kwargs["num_virtual_tokens"],
         max_length=spec_kwargs["max_length"],
-        init=init,  # type: ignore[arg-type]
+        init=init,
         seed=seed,
         device="cpu",
         **method,

@@ -66,7 +66,8 @@ def _krum_scores(x: np.ndarray, f: int) -> np.ndarray:
     d2 = np.maximum(sq[:, None] + sq[None, :] - 2.0 * (x @ x.T), 0.0)
     np.fill_diagonal(d2, np.inf)
     closest = n - f - 2
-    return np.partition(d2, closest - 1, axis=1)[:, :closest].sum(axis=1)
+    scores: np.ndarray = np.partition(d2, closest - 1, axis=1)[:, :closest].sum(axis=1)
+    return scores
 
 
 def _krum(updates: Weighted, f: int, m: int, label: str) -> AggregationResult:

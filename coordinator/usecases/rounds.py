@@ -192,14 +192,19 @@ class RoundCycle:
     def _not_enough_clients(self, s: Session, fed: Federation, spec: FederationSpec) -> str:
         """Why the next round cannot open: the clients it needs, those enrolled and those available."""
         number = self._next_round(s, fed)[0]
-        first = number == 1 and spec.expected_clients is not None
+        expected = spec.expected_clients if number == 1 else None  # the first round's own figure, if set
         needed, rule = (
-            (spec.expected_clients, "expected_clients") if first else (spec.min_clients, "min_clients")
+            (expected, "expected_clients") if expected is not None else (spec.min_clients, "min_clients")
         )
-        enrolled = s.scalar(
-            select(func.count(Client.id)).where(Client.federation_id == fed.id, Client.revoked_at.is_(None))
+        enrolled = (
+            s.scalar(
+                select(func.count(Client.id)).where(
+                    Client.federation_id == fed.id, Client.revoked_at.is_(None)
+                )
+            )
+            or 0
         )
-        available = s.scalar(select(func.count(Client.id)).where(*self._availability(fed, spec)))
+        available = s.scalar(select(func.count(Client.id)).where(*self._availability(fed, spec))) or 0
         advice = (
             f"enrol {needed - enrolled} more worker(s)"
             if enrolled < needed
@@ -222,7 +227,7 @@ class RoundCycle:
         needed = spec.min_clients if number > 1 else (spec.expected_clients or spec.min_clients)
         # count first: while clients enrol one by one, each enrolment asks and most answers are "not yet"
         available_now = self._availability(fed, spec)
-        if s.scalar(select(func.count(Client.id)).where(*available_now)) < needed:
+        if (s.scalar(select(func.count(Client.id)).where(*available_now)) or 0) < needed:
             fed.state = federation_after(fed.state, FederationEvent.WAIT)
             return None
         available = list(s.scalars(select(Client.id).where(*available_now)).all())

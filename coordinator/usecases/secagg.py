@@ -273,13 +273,13 @@ class SecureRounds:
             return {**base, "client_id": client_id}
         if stage == SecureStage.SHARES:
             client_of = plan.client_of()
-            peers = rules.recipients(plan, own, set(reached[SecureStage.KEYS]))
-            adverts = msgs.adverts(s, rnd.id, plan, peers)
+            recipients = rules.recipients(plan, own, set(reached[SecureStage.KEYS]))
+            adverts = msgs.adverts(s, rnd.id, plan, recipients)
             return {
                 **base,
                 "k": plan.k,
                 "roster": self._roster(s, rnd.id, plan, reached[SecureStage.KEYS]),
-                "neighbours": {str(j): {"client_id": client_of[j], **adverts[j]} for j in peers},
+                "neighbours": {str(j): {"client_id": client_of[j], **adverts[j]} for j in recipients},
             }
         if stage == SecureStage.CONSISTENCY:
             return {**base, "survivors": reached[SecureStage.MASKED]}
