@@ -1,4 +1,4 @@
-# Two entry points: `make demo` (a local federation) and `make test` (lint + the suite).
+# Two entry points: `make demo` (a local federation) and `make test` (lint: ruff and mypy; then the suite).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -38,6 +38,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python tools/typecheck.py
 
 # mypy with pyproject.toml's [tool.mypy] over `fedprompt` and bench/, laid out as installed (the editable
 # install's import hook is invisible to mypy): tools/typecheck.py links that layout in .typecheck/.
