@@ -187,7 +187,9 @@ class Agent:
             raise FatalWorkerError(f"cannot read the federation: {exc}") from None
         self.spec = FederationSpec.model_validate(spec_json)
         self.status.state = "loading"
-        self.engine = self.engine_factory(self.spec, cfg.device)
+        # a model can take longer to load than three heartbeats: the site says it is alive meanwhile
+        with self._beating(lambda: {"phase": "idle"}, name="heartbeat-loading"):
+            self.engine = self.engine_factory(self.spec, cfg.device)
         self.status.device = str(getattr(self.engine, "device", "cpu"))
         check_model(self.spec, self.engine)
         state_model_parameters(self.client, self.spec, self.engine, cfg.federation_id)
@@ -268,33 +270,42 @@ class Agent:
     @contextmanager
     def _heartbeats(self, number: int) -> Iterator[None]:
         """Tell the coordinator every heartbeat_s that this client trains for round `number` (so a
-        slow site is not taken for a dead one), and that it is idle once the round's work is done.
-        Best effort: a heartbeat that fails is not retried, the next one goes on time."""
+        slow site is not taken for a dead one), and that it is idle once the round's work is done."""
+        with self._beating(
+            lambda: {
+                "phase": "training",
+                "round": number,
+                "step": self.status.step,
+                "total_steps": self.status.total_steps,
+            },
+            name=f"heartbeat-{number}",
+        ):
+            try:
+                yield
+            finally:
+                self._activity({"phase": "idle", "round": number})
+
+    @contextmanager
+    def _beating(self, activity: Callable[[], dict[str, Any]], *, name: str) -> Iterator[None]:
+        """Send `activity()` as a heartbeat now and every heartbeat_s while the block runs. Best
+        effort: a heartbeat that fails is not retried, the next one goes on time."""
         assert self.spec is not None
         heartbeat_s = self.spec.heartbeat_s
         stop = threading.Event()
 
         def beat() -> None:
             while True:
-                self._activity(
-                    {
-                        "phase": "training",
-                        "round": number,
-                        "step": self.status.step,
-                        "total_steps": self.status.total_steps,
-                    }
-                )
+                self._activity(activity())
                 if stop.wait(heartbeat_s):
                     return
 
-        thread = threading.Thread(target=beat, name=f"heartbeat-{number}", daemon=True)
+        thread = threading.Thread(target=beat, name=name, daemon=True)
         thread.start()
         try:
             yield
         finally:
             stop.set()
             thread.join(5.0)
-            self._activity({"phase": "idle", "round": number})
 
     def _activity(self, activity: dict[str, Any]) -> None:
         assert self.client is not None

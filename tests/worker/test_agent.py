@@ -369,3 +369,33 @@ def test_a_fedprox_client_passes_mu_to_the_engine(tmp_path: Path) -> None:
     _run_until_done(_agent(tmp_path, Prox(0), engine=ScaffoldEngine))
     (options,) = ScaffoldEngine.seen
     assert options["prox_mu"] == 0.2 and "correction" not in options and "mean_gradient" not in options
+
+
+def test_a_worker_sends_heartbeats_while_its_model_loads(tmp_path: Path) -> None:
+    import time
+
+    quick = SPEC.model_copy(update={"availability_timeout_s": 1.0})  # heartbeats every 0.1 s
+    assert quick.heartbeat_s == pytest.approx(0.1)
+
+    class Coordinator(FakeCoordinator):
+        def __call__(self, request: httpx.Request) -> httpx.Response:
+            if request.url.path.endswith("/spec"):
+                return httpx.Response(200, json=quick.model_dump(mode="json"))
+            if request.url.path.endswith("/activity"):
+                with self.lock:
+                    self.calls.append(f"activity {json.loads(request.content)['phase']}")
+                return httpx.Response(204)
+            return super().__call__(request)
+
+    def slow_engine(spec: FederationSpec, device: str) -> FakeEngine:
+        time.sleep(0.45)  # a model that takes several heartbeats to load
+        return FakeEngine()
+
+    coordinator = Coordinator(fail_uploads=0)
+    agent = _agent(tmp_path, coordinator)
+    agent.engine_factory = slow_engine
+    _run_until_done(agent)
+    before_first_poll = coordinator.calls[
+        : next(i for i, c in enumerate(coordinator.calls) if c.endswith("/task"))
+    ]
+    assert before_first_poll.count("activity idle") >= 3, before_first_poll
