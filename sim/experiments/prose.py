@@ -248,11 +248,8 @@ def _learned_text(config: ExperimentConfig, records: list[dict[str, Any]], where
         return "–"
     word = "learned" if _has_learned("final_accuracy", done) else NOT_LEARNED
     iv = t_interval(accuracy)
-    spread = (
-        f", 95 % CI {_number('final_accuracy', iv.low)}–{_number('final_accuracy', iv.high)}"
-        if iv.n > 1
-        else ""
-    )
+    low, high = (_number("final_accuracy", v).replace("-", "−") for v in (iv.low, iv.high))
+    spread = f", 95 % CI {low} to {high}" if iv.n > 1 else ""
     collapsed = sum(c > 0 for c in _values("collapsed", done))
     fell = f", {collapsed} of {len(done)} collapsed" if collapsed else ""
     f1 = _values("final_macro_f1", done)
