@@ -10,7 +10,7 @@ validation (the API's) takes only a member from Python input, never its text.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -59,6 +59,12 @@ class ByText:
         )
 
 
+def _one_row_each(table: Mapping[str, Any], names: type[StrEnum], label: str) -> None:
+    """A table beside a vocabulary holds one row per member, in the member's order (checked on import)."""
+    if list(table) != list(names):
+        raise RuntimeError(f"{label} needs one row per {names.__name__}, in its order")
+
+
 class Family(StrEnum):
     """How a model family reads a prompt and scores labels (worker/engine/families/)."""
 
@@ -75,8 +81,7 @@ PEFT_TASK_TYPES: dict[str, str] = {
     Family.CAUSAL_LM: "CAUSAL_LM",
     Family.SEQ2SEQ: "SEQ_2_SEQ_LM",
 }
-if list(PEFT_TASK_TYPES) != list(Family):
-    raise RuntimeError("PEFT_TASK_TYPES needs one row per Family, in its order")
+_one_row_each(PEFT_TASK_TYPES, Family, "PEFT_TASK_TYPES")
 
 
 class Method(StrEnum):
@@ -126,8 +131,7 @@ SERVER_OPTIMIZER_DEFAULTS: dict[str, dict[str, float]] = {
     ServerOptimizer.FEDADAM: {"lr": 0.1, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3},
     ServerOptimizer.FEDYOGI: {"lr": 0.01, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3},
 }
-if list(SERVER_OPTIMIZER_DEFAULTS) != list(ServerOptimizer):
-    raise RuntimeError("SERVER_OPTIMIZER_DEFAULTS needs one row per ServerOptimizer, in its order")
+_one_row_each(SERVER_OPTIMIZER_DEFAULTS, ServerOptimizer, "SERVER_OPTIMIZER_DEFAULTS")
 
 
 class DriftCorrection(StrEnum):

@@ -41,14 +41,7 @@ class UploadResult:
 
     def receipt(self) -> UploadReceipt:
         """The receipt, as the API answers it."""
-        return UploadReceipt(
-            round=self.round,
-            attempt=self.attempt,
-            client_id=self.client_id,
-            sha256=self.sha256,
-            num_samples=self.num_samples,
-            size=self.size,
-        )
+        return UploadReceipt(**{name: getattr(self, name) for name in UploadReceipt.model_fields})
 
 
 @dataclass(frozen=True)
