@@ -92,7 +92,8 @@ def test_verdict_and_learned_placeholders(tmp_path: Path) -> None:
         "does not hold"
     )
     assert (
-        fill("{{learned @ arm=a}}", config, records) == "learned (73.0 %, 95 % CI 70.5 to 75.5, majority 50.0 %)"
+        fill("{{learned @ arm=a}}", config, records)
+        == "learned (73.0 %, 95 % CI 70.5 to 75.5, majority 50.0 %)"
     )
 
     collapsed = [r if r["cell"] != "arm-b_seed-1" else _record("b", 1, 0.5, collapsed=1.0) for r in records]
