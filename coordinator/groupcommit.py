@@ -70,4 +70,4 @@ class GroupCommit(Generic[T, R]):
                 self._cond.notify_all()
         if slot.error is not None:
             raise slot.error
-        return slot.result  # type: ignore[return-value]
+        return slot.result  # type: ignore[return-value]  # set by the committer wherever error is not

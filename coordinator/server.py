@@ -34,7 +34,7 @@ from fedprompt.coordinator.config import Settings
 try:  # uvicorn's compiled parser: a dependency of the package, but keep the pure-Python fallback
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 except ImportError:  # pragma: no cover
-    HttpToolsProtocol = None  # type: ignore[assignment,misc]
+    HttpToolsProtocol = None  # type: ignore[assignment,misc]  # no compiled parser: the fallback below
 
 
 # Paths answered even past uvicorn's limit_concurrency (see the module's docstring).
@@ -106,6 +106,7 @@ def guarded_protocol(
                 self._cancel_rest()
                 self._rest_timer = self.loop.call_later(self.body_timeout, self._rest_too_slow)
 
+        # uvicorn hands its protocols a TCP connection's asyncio.Transport (typed BaseTransport upstream)
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._tls = tls_extension(transport)

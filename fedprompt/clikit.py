@@ -32,7 +32,7 @@ def _flag_type(self: TyperOption, ctx: Any) -> str | None:
 
 
 _display_type_rich = TyperOption.display_type_rich
-TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
+TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]  # typer has no hook for it
 
 
 def version_text() -> str:
