@@ -46,7 +46,7 @@ def _simulate(out: Path, method: list[str], lr: str) -> dict:
 def _closed_rounds(out: Path, fid: int) -> list[dict]:
     engine = make_engine(f"sqlite:///{out / 'fedprompt.db'}")
     try:
-        return [r for r in Coordinator(make_sessionmaker(engine)).rounds(fid) if r["state"] == "closed"]
+        return [r for r in Coordinator(make_sessionmaker(engine)).reads.rounds(fid) if r["state"] == "closed"]
     finally:
         engine.dispose()
 
