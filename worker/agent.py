@@ -209,7 +209,9 @@ class Agent:
             raise
         except ValidationError as exc:
             # a kind this worker does not know (a newer coordinator's), or a malformed task
-            log.warning("a task this worker cannot read was left alone: %s", exc)
+            # where and why only: pydantic's own text quotes the input, and a body never reaches a log
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            log.warning("a task this worker cannot read was left alone: %s", problems)
             self._stop.wait(1.0)
             return
         if isinstance(task, EvaluateTask):
