@@ -10,8 +10,8 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-from fedprompt.coordinator.db import Client, Round, Update, make_engine, make_sessionmaker
-from fedprompt.coordinator.migrate import upgrade
+from fedprompt.coordinator.persistence.db import Client, Round, Update, make_engine, make_sessionmaker
+from fedprompt.coordinator.persistence.migrate import upgrade
 from fedprompt.coordinator.service import Coordinator
 from fedprompt.shared import wire
 from fedprompt.shared.spec import FederationSpec

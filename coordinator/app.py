@@ -20,8 +20,8 @@ from fedprompt.coordinator.api.perloop import PerLoop
 from fedprompt.coordinator.api.routes import clients, dashboard, export, federations, health, rounds, secagg
 from fedprompt.coordinator.config import Settings
 from fedprompt.coordinator.dashboard import STATIC_DIR
-from fedprompt.coordinator.db import make_engine, make_sessionmaker
-from fedprompt.coordinator.inflight import UploadGate
+from fedprompt.coordinator.hosting.inflight import UploadGate
+from fedprompt.coordinator.hosting.ratelimit import RateLimiter
 from fedprompt.coordinator.metrics import (
     CoordinatorMetrics,
     MetricsMiddleware,
@@ -29,7 +29,7 @@ from fedprompt.coordinator.metrics import (
     instrument_sessions,
     log_transition,
 )
-from fedprompt.coordinator.ratelimit import RateLimiter
+from fedprompt.coordinator.persistence.db import make_engine, make_sessionmaker
 from fedprompt.coordinator.service import Coordinator
 from fedprompt.shared.apidocs import mount_api_docs
 from fedprompt.shared.logs import RequestContextMiddleware, bind_route_context, register_secret

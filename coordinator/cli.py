@@ -30,7 +30,7 @@ def _settings() -> Settings:
 @app.command()
 def migrate() -> None:
     """Apply database migrations (FEDPROMPT_DATABASE_URL) up to the newest schema."""
-    from fedprompt.coordinator.migrate import upgrade
+    from fedprompt.coordinator.persistence.migrate import upgrade
 
     settings = _settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -62,8 +62,8 @@ def serve(
 
     import uvicorn
     from fedprompt.coordinator.app import create_app
-    from fedprompt.coordinator.migrate import upgrade
-    from fedprompt.coordinator.server import uvicorn_options
+    from fedprompt.coordinator.hosting.server import uvicorn_options
+    from fedprompt.coordinator.persistence.migrate import upgrade
     from fedprompt.shared.logs import configure_logging
 
     try:

@@ -7,7 +7,7 @@ import os
 import secrets
 from pathlib import Path
 
-from fedprompt.coordinator.ratelimit import parse_limits
+from fedprompt.coordinator.hosting.ratelimit import parse_limits
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,

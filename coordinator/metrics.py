@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from fedprompt.coordinator.db import Round
 from fedprompt.coordinator.errors import (
     Conflict,
     Forbidden,
@@ -30,7 +29,8 @@ from fedprompt.coordinator.errors import (
     TooLarge,
     Unauthorized,
 )
-from fedprompt.coordinator.paths import UPLOAD_ROUTE
+from fedprompt.coordinator.hosting.paths import UPLOAD_ROUTE
+from fedprompt.coordinator.persistence.db import Round
 from fedprompt.shared.vocab import RoundState
 from prometheus_client import (
     CONTENT_TYPE_LATEST,

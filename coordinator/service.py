@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from fedprompt.coordinator.store import Store
+from fedprompt.coordinator.persistence.store import Store
 from fedprompt.coordinator.usecases.enrolment import Enrolment
 from fedprompt.coordinator.usecases.federations import Federations
 from fedprompt.coordinator.usecases.reads import Reads

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
-from fedprompt.coordinator.db import WRITE_OPTION, Base, make_engine
+from fedprompt.coordinator.persistence.db import WRITE_OPTION, Base, make_engine
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 

@@ -1,8 +1,9 @@
 """The layering: shared/ at the bottom; coordinator/ and worker/ side by side on it, never importing
 each other; sim/ (simulate, experiment grids, the `fedprompt` operator CLI) above both. Inside the
-coordinator, floors from the top down (COORDINATOR_FLOORS): cli; app and server; api; dashboard; the
-use cases and service.py, which wires them; store and logic; db (and metrics, which reads it); the
-leaves that import no other floor (config, errors, paths, ...). A module imports only from its own
+coordinator, floors from the top down (COORDINATOR_FLOORS): cli; app and hosting/server.py; api;
+dashboard; the use cases and service.py, which wires them; persistence/store.py and logic; persistence/
+db.py (and metrics, which reads it); the leaves that import no other floor (config, errors, the rest
+of hosting/ and persistence/). A module imports only from its own
 floor or below, and every module of the coordinator stands on a floor.
 
 Every .py file of each package is parsed and each import read, lazy ones inside functions included
@@ -27,29 +28,31 @@ FORBIDDEN: dict[str, frozenset[str]] = {
     "worker": frozenset({"coordinator", "sim"}),
     "sim": frozenset(),
 }
-# The coordinator's floors, top first: each names the top-level modules and packages of coordinator/
-# that stand on it (a package with everything inside it).
+# The coordinator's floors, top first: each names the modules and packages of coordinator/ that stand
+# on it, as dotted paths below coordinator/ (a package with everything inside it); a module stands on
+# the floor of the longest name that covers it.
 COORDINATOR_FLOORS: tuple[tuple[str, frozenset[str]], ...] = (
     ("cli", frozenset({"cli"})),
-    ("app", frozenset({"app", "server"})),
+    ("app", frozenset({"app", "hosting.server"})),
     ("api", frozenset({"api"})),
     ("dashboard", frozenset({"dashboard"})),
     ("usecases", frozenset({"usecases", "service"})),
-    ("store", frozenset({"store", "logic"})),
-    ("db", frozenset({"db", "metrics"})),
+    ("store", frozenset({"persistence.store", "logic"})),
+    ("db", frozenset({"persistence.db", "metrics"})),
     (
         "leaves",
         frozenset(
             {
                 "config",
                 "errors",
-                "groupcommit",
-                "inflight",
-                "migrate",
-                "paths",
-                "ratelimit",
-                "security",
-                "writelock",
+                "hosting",
+                "hosting.inflight",
+                "hosting.paths",
+                "hosting.ratelimit",
+                "persistence",
+                "persistence.groupcommit",
+                "persistence.migrate",
+                "persistence.writelock",
             }
         ),
     ),
@@ -96,11 +99,16 @@ def violations(root: Path) -> list[str]:
 
 def coordinator_floor(name: str) -> int | None:
     """The floor (0 at the top) of a module of the coordinator, None for a name that is none of its
-    floors' (outside the coordinator, the package itself, a name imported from a package)."""
+    floors' (outside the coordinator, the package itself, a name imported from a module)."""
     parts = name.split(".")
     if parts[:2] != ["fedprompt", "coordinator"] or len(parts) < 3:
         return None
-    return next((i for i, (_, tops) in enumerate(COORDINATOR_FLOORS) if parts[2] in tops), None)
+    for end in range(len(parts), 2, -1):  # the longest dotted name that a floor lists
+        below = ".".join(parts[2:end])
+        floor = next((i for i, (_, names) in enumerate(COORDINATOR_FLOORS) if below in names), None)
+        if floor is not None:
+            return floor
+    return None
 
 
 def floor_violations(root: Path) -> list[str]:
@@ -144,7 +152,10 @@ def test_every_package_is_read() -> None:
         ("coordinator/api/routes.py", "def f():\n    import fedprompt.worker.cli\n"),
         ("coordinator/logic/x.py", "from fedprompt.sim import simulate\n"),
         ("worker/agent.py", "def f():\n    from fedprompt.coordinator.logic.ledger import ledger\n"),
-        ("worker/engine/x.py", "import importlib\nimportlib.import_module('fedprompt.coordinator.db')\n"),
+        (
+            "worker/engine/x.py",
+            "import importlib\nimportlib.import_module('fedprompt.coordinator.persistence.db')\n",
+        ),
         ("shared/wire.py", "from fedprompt.worker import poison\n"),
         ("shared/spec.py", "from fedprompt.sim.options import build_spec\n"),
     ],
@@ -165,13 +176,19 @@ def test_a_crossing_import_is_found(tmp_path: Path, file: str, source: str) -> N
     [
         ("coordinator/logic/x.py", "from fedprompt.coordinator.api import deps\n"),
         ("coordinator/metrics.py", "from fedprompt.coordinator.api.paths import UPLOAD_ROUTE\n"),
-        ("coordinator/store.py", "def f():\n    from fedprompt.coordinator.usecases import reads\n"),
-        ("coordinator/db.py", "from . import store\n"),
+        (
+            "coordinator/persistence/store.py",
+            "def f():\n    from fedprompt.coordinator.usecases import reads\n",
+        ),
+        ("coordinator/persistence/db.py", "from . import store\n"),
         ("coordinator/usecases/x.py", "from ..dashboard.view import page\n"),
         ("coordinator/dashboard/view.py", "from fedprompt.coordinator import app\n"),
         ("coordinator/api/routes/x.py", "def f():\n    import fedprompt.coordinator.cli\n"),
-        ("coordinator/errors.py", "import importlib\nimportlib.import_module('fedprompt.coordinator.db')\n"),
-        ("coordinator/server.py", "from fedprompt.coordinator.cli import main\n"),
+        (
+            "coordinator/errors.py",
+            "import importlib\nimportlib.import_module('fedprompt.coordinator.persistence.db')\n",
+        ),
+        ("coordinator/hosting/server.py", "from fedprompt.coordinator.cli import main\n"),
         ("coordinator/elsewhere.py", "from fedprompt.coordinator import db\n"),
     ],
 )
@@ -179,15 +196,16 @@ def test_an_import_up_a_floor_or_a_module_on_none_is_found(tmp_path: Path, file:
     (tmp_path / "coordinator").mkdir()
     (tmp_path / "coordinator" / "__init__.py").write_text("")
     allowed = {
-        "coordinator/cli.py": "from fedprompt.coordinator import app, config, migrate, server\n",
+        "coordinator/cli.py": "from fedprompt.coordinator import app, config\nfrom fedprompt.coordinator.hosting import server\n",
+        "coordinator/hosting/server.py": "from fedprompt.coordinator.persistence import migrate\n",
         "coordinator/app.py": "from fedprompt.coordinator.api import routes\nfrom fedprompt.coordinator import service\n",
         "coordinator/api/deps.py": "from ..service import Coordinator\nfrom fedprompt.coordinator.metrics import Metrics\n",
         "coordinator/service.py": "from fedprompt.coordinator.usecases.reads import Reads\n",
         "coordinator/usecases/reads.py": "from fedprompt.coordinator.logic import ledger\nfrom . import rounds\n",
-        "coordinator/store.py": "from fedprompt.coordinator.logic.evaluation import due\n",
-        "coordinator/logic/uploads.py": "from fedprompt.coordinator.db import Round\nfrom ..errors import Gone\n",
-        "coordinator/metrics.py": "from fedprompt.coordinator.paths import UPLOAD_ROUTE\n",
-        "coordinator/config.py": "from fedprompt.coordinator.ratelimit import Limits\nfrom fedprompt.shared import spec\n",
+        "coordinator/persistence/store.py": "from fedprompt.coordinator.logic.evaluation import due\n",
+        "coordinator/logic/uploads.py": "from fedprompt.coordinator.persistence.db import Round\nfrom ..errors import Gone\n",
+        "coordinator/metrics.py": "from fedprompt.coordinator.hosting.paths import UPLOAD_ROUTE\n",
+        "coordinator/config.py": "from fedprompt.coordinator.hosting.ratelimit import Limits\nfrom fedprompt.shared import spec\n",
     }
     for name, text in {**allowed, file: source}.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

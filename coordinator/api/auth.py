@@ -18,8 +18,8 @@ from fedprompt.coordinator.api.ratelimit_dep import WrongAdminToken, counting_fa
 from fedprompt.coordinator.api.session import SESSION_COOKIE, check_csrf, has_session, uses_session
 from fedprompt.coordinator.api.tls import check_client_certificate
 from fedprompt.coordinator.config import Settings
-from fedprompt.coordinator.db import Client
 from fedprompt.coordinator.errors import Unauthorized
+from fedprompt.coordinator.persistence.db import Client
 from fedprompt.coordinator.service import Coordinator
 
 

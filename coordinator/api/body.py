@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import Request
 from fedprompt.coordinator.errors import Invalid, TooLarge
-from fedprompt.coordinator.inflight import Ticket
+from fedprompt.coordinator.hosting.inflight import Ticket
 
 # The OpenAPI of routes that read a raw safetensors body themselves (read_limited_body).
 SAFETENSORS_BODY: dict[str, Any] = {

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import anyio
 from fastapi import HTTPException
-from fedprompt.coordinator.inflight import Ticket, UploadGate
-from fedprompt.coordinator.paths import UPLOAD_PATHS
-from fedprompt.coordinator.ratelimit import RateLimited
+from fedprompt.coordinator.hosting.inflight import Ticket, UploadGate
+from fedprompt.coordinator.hosting.paths import UPLOAD_PATHS
+from fedprompt.coordinator.hosting.ratelimit import RateLimited
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 

@@ -3,7 +3,7 @@
 Every route that needs a token depends on exactly one of `require_admin`, `require_client`,
 `require_admin_or_client` or `require_enrolment`; each is a thin wrapper of `authorize` (auth.py)
 for its scope (tests/coordinator/test_security.py walks the routes to hold this). Failed
-authentications and enrolments are rate-limited per IP (ratelimit_dep.py, coordinator/ratelimit.py).
+authentications and enrolments are rate-limited per IP (ratelimit_dep.py, coordinator/hosting/ratelimit.py).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from fedprompt.coordinator.api.ratelimit_dep import client_ip, counting_failures
 from fedprompt.coordinator.api.schemas import IdPath
 from fedprompt.coordinator.api.session import uses_session
 from fedprompt.coordinator.config import Settings
-from fedprompt.coordinator.db import Client
 from fedprompt.coordinator.metrics import CoordinatorMetrics
+from fedprompt.coordinator.persistence.db import Client
 from fedprompt.coordinator.service import Coordinator
 
 # Dependencies that do no I/O are `async def`: FastAPI runs a plain `def` dependency in the request

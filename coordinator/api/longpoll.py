@@ -18,9 +18,9 @@ from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
 from fedprompt.coordinator.api.perloop import PerLoop
-from fedprompt.coordinator.db import Client
+from fedprompt.coordinator.persistence.db import Client
+from fedprompt.coordinator.persistence.store import Stamp, Store
 from fedprompt.coordinator.service import Coordinator
-from fedprompt.coordinator.store import Stamp, Store
 
 log = logging.getLogger("fedprompt.coordinator")
 

@@ -1,5 +1,5 @@
 """Failed authentications counted per address: the wrapper every token check runs in (429 past the
-limit of coordinator/ratelimit.py).
+limit of coordinator/hosting/ratelimit.py).
 
 Past the limit, a request is refused before its credential is looked at, unless the credential is
 too long to guess (UNGUESSABLE_CHARS or more: every client, enrolment and session token the
@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 from fastapi import Request
 from fedprompt.coordinator.errors import Forbidden, Unauthorized
-from fedprompt.coordinator.ratelimit import RateLimiter
+from fedprompt.coordinator.hosting.ratelimit import RateLimiter
 
 
 class WrongAdminToken(Forbidden):

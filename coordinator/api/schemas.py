@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import Body, Path
-from fedprompt.coordinator.db import MAX_ID
 from fedprompt.coordinator.logic.specs import validate_spec
+from fedprompt.coordinator.persistence.db import MAX_ID
 from fedprompt.shared.contract import (
     BestVersion,
     ClientCounts,

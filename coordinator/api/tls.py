@@ -15,8 +15,8 @@ import ssl
 
 from fastapi import Request
 from fedprompt.coordinator.config import Settings
-from fedprompt.coordinator.db import Client
 from fedprompt.coordinator.errors import Forbidden
+from fedprompt.coordinator.persistence.db import Client
 
 
 def client_certificate_sha256(request: Request) -> str | None:

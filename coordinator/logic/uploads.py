@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from fedprompt.coordinator.db import MAX_ID
 from fedprompt.coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound
+from fedprompt.coordinator.persistence.db import MAX_ID
 from fedprompt.shared import jsonlimits, wire
 from fedprompt.shared.contract import UploadReceipt
 from fedprompt.shared.spec import FederationSpec

@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fedprompt.coordinator.db import Client, EnrollmentToken, Federation, RevokedSession
 from fedprompt.coordinator.errors import Conflict, Forbidden, NotFound, Unauthorized
-from fedprompt.coordinator.security import hash_token, new_token
-from fedprompt.coordinator.store import Store
+from fedprompt.coordinator.logic.tokens import hash_token, new_token
+from fedprompt.coordinator.persistence.db import Client, EnrollmentToken, Federation, RevokedSession
+from fedprompt.coordinator.persistence.store import Store
 from fedprompt.coordinator.usecases.rounds import RoundCycle
 from fedprompt.shared.vocab import FederationState
 from sqlalchemy import delete, select, update

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedprompt.coordinator.db import Federation, PromptVersion
 from fedprompt.coordinator.errors import Conflict, Invalid
 from fedprompt.coordinator.logic.round_states import FEDERATION_START
 from fedprompt.coordinator.logic.specs import check_aggregation, validate_spec
-from fedprompt.coordinator.store import Store
+from fedprompt.coordinator.persistence.db import Federation, PromptVersion
+from fedprompt.coordinator.persistence.store import Store
 from fedprompt.coordinator.usecases.reads import Reads
 from fedprompt.coordinator.usecases.rounds import RoundCycle
 from fedprompt.shared import export, wire

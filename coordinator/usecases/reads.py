@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedprompt.coordinator.db import (
+from fedprompt.coordinator.errors import Forbidden, NotFound
+from fedprompt.coordinator.logic import secagg as secagg_rules
+from fedprompt.coordinator.logic.evaluation import site_results, spread, summarize_evaluations
+from fedprompt.coordinator.logic.ledger import ledger
+from fedprompt.coordinator.logic.roundstats import privacy_record
+from fedprompt.coordinator.logic.sites import count_states, site_state
+from fedprompt.coordinator.persistence.db import (
     Client,
     Evaluation,
     Event,
@@ -15,13 +21,7 @@ from fedprompt.coordinator.db import (
     SecaggRound,
     Update,
 )
-from fedprompt.coordinator.errors import Forbidden, NotFound
-from fedprompt.coordinator.logic import secagg as secagg_rules
-from fedprompt.coordinator.logic.evaluation import site_results, spread, summarize_evaluations
-from fedprompt.coordinator.logic.ledger import ledger
-from fedprompt.coordinator.logic.roundstats import privacy_record
-from fedprompt.coordinator.logic.sites import count_states, site_state
-from fedprompt.coordinator.store import Store
+from fedprompt.coordinator.persistence.store import Store
 from fedprompt.shared.spec import STALE_HEARTBEATS, FederationSpec, PrivacySpec, heartbeat_interval
 from fedprompt.shared.vocab import RoundState
 from sqlalchemy import func, select

@@ -12,15 +12,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from fedprompt.coordinator.db import (
-    Client,
-    Federation,
-    Participant,
-    PromptVersion,
-    Round,
-    ServerOptimizerState,
-    Update,
-)
 from fedprompt.coordinator.errors import Conflict
 from fedprompt.coordinator.logic import server_optim
 from fedprompt.coordinator.logic.aggregation import (
@@ -39,7 +30,16 @@ from fedprompt.coordinator.logic.round_states import (
 from fedprompt.coordinator.logic.roundstats import round_stats
 from fedprompt.coordinator.logic.selection import select_clients
 from fedprompt.coordinator.logic.uploads import declared_samples
-from fedprompt.coordinator.store import Store
+from fedprompt.coordinator.persistence.db import (
+    Client,
+    Federation,
+    Participant,
+    PromptVersion,
+    Round,
+    ServerOptimizerState,
+    Update,
+)
+from fedprompt.coordinator.persistence.store import Store
 from fedprompt.coordinator.usecases.reads import Reads, privacy_of
 from fedprompt.coordinator.usecases.secagg import SecureRounds
 from fedprompt.shared import drift, wire

@@ -16,7 +16,12 @@ import threading
 from typing import Any
 
 import numpy as np
-from fedprompt.coordinator.db import (
+from fedprompt.coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound
+from fedprompt.coordinator.logic import secagg as rules
+from fedprompt.coordinator.logic.aggregation import AggregationError
+from fedprompt.coordinator.logic.round_states import STAGE_START, STAGES, StageEvent, stage_after
+from fedprompt.coordinator.logic.uploads import UploadResult
+from fedprompt.coordinator.persistence.db import (
     Client,
     Federation,
     Participant,
@@ -25,12 +30,7 @@ from fedprompt.coordinator.db import (
     SecaggRound,
     Update,
 )
-from fedprompt.coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound
-from fedprompt.coordinator.logic import secagg as rules
-from fedprompt.coordinator.logic.aggregation import AggregationError
-from fedprompt.coordinator.logic.round_states import STAGE_START, STAGES, StageEvent, stage_after
-from fedprompt.coordinator.logic.uploads import UploadResult
-from fedprompt.coordinator.store import Store
+from fedprompt.coordinator.persistence.store import Store
 from fedprompt.coordinator.usecases import secagg_messages as msgs
 from fedprompt.shared import wire
 from fedprompt.shared.secagg import protocol, quantise, shamir, signing

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from fedprompt.coordinator.db import SecaggMessage, SecaggRound, Update
 from fedprompt.coordinator.logic import secagg as rules
 from fedprompt.coordinator.logic.round_states import STAGES
+from fedprompt.coordinator.persistence.db import SecaggMessage, SecaggRound, Update
 from fedprompt.shared.secagg import protocol
 from fedprompt.shared.vocab import SecureStage
 from sqlalchemy import func, select

@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from fedprompt.coordinator.db import (
+from fedprompt.coordinator.errors import Gone, NotFound
+from fedprompt.coordinator.logic import server_optim
+from fedprompt.coordinator.logic.evaluation import evaluation_due
+from fedprompt.coordinator.persistence.db import (
     Client,
     Evaluation,
     Participant,
@@ -14,10 +17,7 @@ from fedprompt.coordinator.db import (
     ServerOptimizerState,
     Update,
 )
-from fedprompt.coordinator.errors import Gone, NotFound
-from fedprompt.coordinator.logic import server_optim
-from fedprompt.coordinator.logic.evaluation import evaluation_due
-from fedprompt.coordinator.store import Store
+from fedprompt.coordinator.persistence.store import Store
 from fedprompt.coordinator.usecases.secagg import SecureRounds
 from fedprompt.shared import drift, wire
 from fedprompt.shared.spec import FederationSpec

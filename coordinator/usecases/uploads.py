@@ -2,7 +2,7 @@
 
 An upload is checked completely before anything is stored (wire format, shapes, metadata), then
 handed to its federation's group commit: the uploads arriving meanwhile are stored together in one
-short transaction (coordinator/groupcommit.py), each with its own answer. Its weight (num_samples)
+short transaction (coordinator/persistence/groupcommit.py), each with its own answer. Its weight (num_samples)
 is clipped to the figure its client enrolled with (logic/uploads.py).
 """
 
@@ -14,9 +14,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from fedprompt.coordinator.db import Client, Evaluation, Event, Federation, Participant, Round, Update
 from fedprompt.coordinator.errors import Invalid, NotFound, ServiceError
-from fedprompt.coordinator.groupcommit import GroupCommit
 from fedprompt.coordinator.logic.evaluation import one_class, predicted_share, summarize_evaluations
 from fedprompt.coordinator.logic.uploads import (
     PendingUpload,
@@ -27,7 +25,17 @@ from fedprompt.coordinator.logic.uploads import (
     no_replacing,
     parse_update_metadata,
 )
-from fedprompt.coordinator.store import Store, no_federation
+from fedprompt.coordinator.persistence.db import (
+    Client,
+    Evaluation,
+    Event,
+    Federation,
+    Participant,
+    Round,
+    Update,
+)
+from fedprompt.coordinator.persistence.groupcommit import GroupCommit
+from fedprompt.coordinator.persistence.store import Store, no_federation
 from fedprompt.coordinator.usecases.secagg import SecureRounds
 from fedprompt.shared import evalstats, wire
 from sqlalchemy import func, insert, select

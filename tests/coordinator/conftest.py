@@ -8,8 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 from fedprompt.coordinator.app import create_app
 from fedprompt.coordinator.config import Settings
-from fedprompt.coordinator.db import make_engine, make_sessionmaker
-from fedprompt.coordinator.migrate import upgrade
+from fedprompt.coordinator.persistence.db import make_engine, make_sessionmaker
+from fedprompt.coordinator.persistence.migrate import upgrade
 from fedprompt.coordinator.service import Coordinator
 
 from tests.helpers import ADMIN

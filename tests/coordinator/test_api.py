@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from fedprompt.coordinator.db import Base
+from fedprompt.coordinator.persistence.db import Base
 from fedprompt.shared import wire
 from sqlalchemy import func, select
 

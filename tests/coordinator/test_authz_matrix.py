@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from fedprompt.coordinator.app import create_app
 from fedprompt.coordinator.config import Settings
-from fedprompt.coordinator.migrate import upgrade
+from fedprompt.coordinator.persistence.migrate import upgrade
 
 from tests.coordinator.test_api import snapshot
 from tests.helpers import ADMIN, SMALL_SPEC, federation_with_clients, update_blob

@@ -25,7 +25,7 @@ from fedprompt.coordinator.dashboard.view import (
     timeline,
 )
 from fedprompt.coordinator.logic.ledger import ledger
-from fedprompt.coordinator.migrate import upgrade
+from fedprompt.coordinator.persistence.migrate import upgrade
 from fedprompt.shared.spec import FederationSpec
 
 from tests.helpers import ADMIN, SMALL_SPEC, update_blob

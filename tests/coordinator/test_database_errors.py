@@ -60,7 +60,7 @@ def test_503_is_documented_on_api_routes(api: TestClient) -> None:
 
 def test_an_emptied_database_is_a_503_naming_the_migration(api: TestClient, db_url: str) -> None:
     """A database recreated empty under a running coordinator: a problem+json naming the fix, not a 500."""
-    from fedprompt.coordinator.migrate import upgrade
+    from fedprompt.coordinator.persistence.migrate import upgrade
 
     engine = sqlalchemy.create_engine(db_url)
     tables = sqlalchemy.MetaData()

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from fedprompt.coordinator.db import Federation
+from fedprompt.coordinator.persistence.db import Federation
 from sqlalchemy import select
 
 from tests.coordinator.test_api import is_problem, snapshot

@@ -14,7 +14,7 @@ from fedprompt.coordinator.app import create_app
 from fedprompt.coordinator.config import Settings
 from fedprompt.coordinator.dashboard.view import timeline
 from fedprompt.coordinator.logic.evaluation import summarize_evaluations
-from fedprompt.coordinator.migrate import upgrade
+from fedprompt.coordinator.persistence.migrate import upgrade
 from fedprompt.shared.evalstats import (
     confusion_metrics,
     is_class_count,

@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 
 import pytest
-from fedprompt.coordinator.groupcommit import GroupCommit
+from fedprompt.coordinator.persistence.groupcommit import GroupCommit
 
 
 def test_concurrent_items_are_batched_and_each_caller_gets_its_own_result() -> None:

@@ -1,10 +1,10 @@
-"""The caps on request bodies in progress (coordinator/inflight.py), with literal sizes."""
+"""The caps on request bodies in progress (coordinator/hosting/inflight.py), with literal sizes."""
 
 from __future__ import annotations
 
 import pytest
-from fedprompt.coordinator.inflight import UploadGate
-from fedprompt.coordinator.ratelimit import RateLimited
+from fedprompt.coordinator.hosting.inflight import UploadGate
+from fedprompt.coordinator.hosting.ratelimit import RateLimited
 
 
 def test_each_holder_has_its_own_count_and_bytes() -> None:

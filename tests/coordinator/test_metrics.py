@@ -8,7 +8,6 @@ import pytest
 from fastapi.testclient import TestClient
 from fedprompt.coordinator.app import create_app
 from fedprompt.coordinator.config import Settings
-from fedprompt.coordinator.db import Round
 from fedprompt.coordinator.metrics import (
     UPLOAD_ROUTE,
     CoordinatorMetrics,
@@ -17,7 +16,8 @@ from fedprompt.coordinator.metrics import (
     instrument_sessions,
     rejection_reason,
 )
-from fedprompt.coordinator.migrate import upgrade
+from fedprompt.coordinator.persistence.db import Round
+from fedprompt.coordinator.persistence.migrate import upgrade
 from fedprompt.shared.spec import FederationSpec
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from fedprompt.coordinator.db import Base, make_engine
-from fedprompt.coordinator.migrate import head_revision, schema_is_current, upgrade
+from fedprompt.coordinator.persistence.db import Base, make_engine
+from fedprompt.coordinator.persistence.migrate import head_revision, schema_is_current, upgrade
 from sqlalchemy import text
 
 

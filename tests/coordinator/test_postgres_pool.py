@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from fedprompt.coordinator.db import make_engine, make_sessionmaker
-from fedprompt.coordinator.migrate import upgrade
+from fedprompt.coordinator.persistence.db import make_engine, make_sessionmaker
+from fedprompt.coordinator.persistence.migrate import upgrade
 from fedprompt.coordinator.service import Coordinator
 from fedprompt.shared.spec import FederationSpec
 from sqlalchemy.exc import DBAPIError

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from fedprompt.coordinator.errors import Conflict, Forbidden, Gone, NotFound
+from fedprompt.coordinator.hosting.paths import UPLOAD_PATHS, UPLOAD_ROUTE
 from fedprompt.coordinator.logic.evaluation import evaluation_due
 from fedprompt.coordinator.logic.roundstats import privacy_record, round_stats
 from fedprompt.coordinator.logic.uploads import (
@@ -17,7 +18,6 @@ from fedprompt.coordinator.logic.uploads import (
     check_update,
     weight,
 )
-from fedprompt.coordinator.paths import UPLOAD_PATHS, UPLOAD_ROUTE
 from fedprompt.shared.contract import UploadReceipt
 from fedprompt.shared.spec import PrivacySpec
 

@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 from fedprompt.coordinator.app import create_app
 from fedprompt.coordinator.config import Settings
-from fedprompt.coordinator.migrate import upgrade
-from fedprompt.coordinator.ratelimit import RateLimiter, parse_limits
+from fedprompt.coordinator.hosting.ratelimit import RateLimiter, parse_limits
+from fedprompt.coordinator.persistence.migrate import upgrade
 from pydantic import ValidationError
 
 from tests.helpers import ADMIN, SMALL_SPEC

@@ -35,7 +35,7 @@ import schemathesis
 from fastapi.testclient import TestClient
 from fedprompt.coordinator.app import create_app
 from fedprompt.coordinator.config import Settings
-from fedprompt.coordinator.migrate import upgrade
+from fedprompt.coordinator.persistence.migrate import upgrade
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.parameters import ParameterLocation

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from fedprompt.coordinator.db import SecaggMessage, Update
+from fedprompt.coordinator.persistence.db import SecaggMessage, Update
 from fedprompt.shared.secagg import client as stages
 from fedprompt.shared.secagg import quantise, signing
 from fedprompt.shared.secagg.protocol import b64

@@ -15,9 +15,16 @@ import pytest
 from fastapi.testclient import TestClient
 from fedprompt.coordinator.app import create_app
 from fedprompt.coordinator.config import Settings
-from fedprompt.coordinator.db import Round, SecaggMessage, SecaggRound, Update, make_engine, make_sessionmaker
 from fedprompt.coordinator.logic import secagg as rules
-from fedprompt.coordinator.migrate import upgrade
+from fedprompt.coordinator.persistence.db import (
+    Round,
+    SecaggMessage,
+    SecaggRound,
+    Update,
+    make_engine,
+    make_sessionmaker,
+)
+from fedprompt.coordinator.persistence.migrate import upgrade
 from fedprompt.coordinator.usecases import secagg_messages as msgs
 from fedprompt.shared import wire
 from fedprompt.shared.secagg import masks, protocol, quantise, shamir

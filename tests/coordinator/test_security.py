@@ -20,9 +20,9 @@ from fastapi.testclient import TestClient
 from fedprompt.coordinator.api import auth, deps, session
 from fedprompt.coordinator.app import create_app
 from fedprompt.coordinator.config import ConfigError, Settings, require_admin_token
-from fedprompt.coordinator.db import Base
-from fedprompt.coordinator.migrate import upgrade
-from fedprompt.coordinator.security import hash_token
+from fedprompt.coordinator.logic.tokens import hash_token
+from fedprompt.coordinator.persistence.db import Base
+from fedprompt.coordinator.persistence.migrate import upgrade
 from sqlalchemy import select, text
 
 from tests.coordinator.test_api import snapshot

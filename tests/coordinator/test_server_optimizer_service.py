@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 from fastapi.testclient import TestClient
-from fedprompt.coordinator.db import ServerOptimizerState, make_sessionmaker
+from fedprompt.coordinator.persistence.db import ServerOptimizerState, make_sessionmaker
 from fedprompt.coordinator.service import Coordinator
 from fedprompt.shared import wire
 from fedprompt.shared.spec import FederationSpec

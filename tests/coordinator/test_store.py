@@ -387,8 +387,8 @@ def test_uploads_arriving_together_are_committed_together_each_with_its_own_answ
 
 
 def test_prompt_versions_held_in_memory_stay_few_and_old_ones_are_read_again(service: Coordinator) -> None:
-    from fedprompt.coordinator.db import PromptVersion
-    from fedprompt.coordinator.store import VERSION_CACHE_ENTRIES
+    from fedprompt.coordinator.persistence.db import PromptVersion
+    from fedprompt.coordinator.persistence.store import VERSION_CACHE_ENTRIES
 
     fid, spec = _federation(service, min_clients=1)
     _enrol(service, fid, 1)  # round 1 opens: version 0 is final from now on

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from fedprompt.coordinator.writelock import WriteLock
+from fedprompt.coordinator.persistence.writelock import WriteLock
 
 
 def _waiter(lock: WriteLock, name: str, urgent: bool, order: list[str], started: threading.Event) -> None:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fedprompt.coordinator.db import make_engine, make_sessionmaker
+from fedprompt.coordinator.persistence.db import make_engine, make_sessionmaker
 from fedprompt.coordinator.service import Coordinator
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fedprompt.coordinator.db import Event, PromptVersion, Round, Update, make_engine, make_sessionmaker
+from fedprompt.coordinator.persistence.db import (
+    Event,
+    PromptVersion,
+    Round,
+    Update,
+    make_engine,
+    make_sessionmaker,
+)
 from fedprompt.shared import wire
 from fedprompt.shared.client import CoordinatorClient
 from fedprompt.shared.contract import DoneTask, EvaluateTask

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fedprompt.coordinator.db import make_engine, make_sessionmaker
+from fedprompt.coordinator.persistence.db import make_engine, make_sessionmaker
 from fedprompt.coordinator.service import Coordinator
 from fedprompt.shared import wire
 from fedprompt.shared.spec import FederationSpec

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from fedprompt.coordinator.db import SecaggMessage, Update, make_engine, make_sessionmaker
+from fedprompt.coordinator.persistence.db import SecaggMessage, Update, make_engine, make_sessionmaker
 from fedprompt.shared import wire
 from fedprompt.shared.client import CoordinatorClient
 from fedprompt.shared.secagg import protocol, quantise

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fedprompt.coordinator.db import make_engine, make_sessionmaker
+from fedprompt.coordinator.persistence.db import make_engine, make_sessionmaker
 from fedprompt.coordinator.service import Coordinator
 from fedprompt.shared.local import free_port
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fedprompt.coordinator.db import Client, Update, make_engine, make_sessionmaker
+from fedprompt.coordinator.persistence.db import Client, Update, make_engine, make_sessionmaker
 from fedprompt.shared import wire
 from fedprompt.shared.client import CoordinatorClient
 from sqlalchemy import func, select

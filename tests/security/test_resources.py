@@ -241,7 +241,7 @@ def test_uploads_of_many_clients_together_stay_within_the_process_budget(tmp_pat
 
 def test_a_flood_of_idle_connections_cannot_fail_the_liveness_probe(tmp_path: Path) -> None:
     # More idle connections than FEDPROMPT_MAX_CONNECTIONS: every other path is answered 503 until
-    # the head deadline cuts them, but /healthz is answered past the limit (coordinator/server.py).
+    # the head deadline cuts them, but /healthz is answered past the limit (coordinator/hosting/server.py).
     env = {**ENV, "FEDPROMPT_MAX_CONNECTIONS": "40", "FEDPROMPT_HEADER_TIMEOUT_S": "20"}
     with serve(f"sqlite:///{tmp_path / 'x.db'}", tmp_path, env) as server:
         flood = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(60)]

@@ -15,7 +15,7 @@ import structlog
 from fastapi.testclient import TestClient
 from fedprompt.coordinator.app import create_app
 from fedprompt.coordinator.config import Settings
-from fedprompt.coordinator.migrate import upgrade
+from fedprompt.coordinator.persistence.migrate import upgrade
 from fedprompt.shared.logs import configure_logging, path_fields, request_id_from, resolve_format
 
 from tests.helpers import ADMIN, SMALL_SPEC, update_blob

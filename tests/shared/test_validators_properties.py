@@ -12,10 +12,10 @@ import json
 import math
 from typing import Any
 
-from fedprompt.coordinator.db import MAX_ID
 from fedprompt.coordinator.errors import Invalid
 from fedprompt.coordinator.logic.specs import validate_spec
 from fedprompt.coordinator.logic.uploads import parse_update_metadata
+from fedprompt.coordinator.persistence.db import MAX_ID
 from fedprompt.shared import wire
 from fedprompt.shared.spec import FederationSpec
 from hypothesis import HealthCheck, given, settings

@@ -14,8 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 from fedprompt.coordinator.app import create_app
 from fedprompt.coordinator.config import Settings
-from fedprompt.coordinator.db import Client
-from fedprompt.coordinator.migrate import upgrade
+from fedprompt.coordinator.persistence.db import Client
+from fedprompt.coordinator.persistence.migrate import upgrade
 from fedprompt.shared.client import CoordinatorClient
 from fedprompt.sim import operator_cli
 from sqlalchemy import select

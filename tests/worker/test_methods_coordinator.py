@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from fedprompt.coordinator.app import create_app
 from fedprompt.coordinator.config import Settings
-from fedprompt.coordinator.migrate import upgrade
+from fedprompt.coordinator.persistence.migrate import upgrade
 from fedprompt.shared import wire
 from fedprompt.shared.spec import FederationSpec
 

@@ -20,7 +20,7 @@ from fedprompt.coordinator.api.schemas import (
     TokenRequest,
 )
 from fedprompt.coordinator.api.tls import enrolment_certificate
-from fedprompt.coordinator.paths import FEDERATION
+from fedprompt.coordinator.hosting.paths import FEDERATION
 
 router = APIRouter(prefix=FEDERATION, tags=["clients"], responses=API_ERRORS, route_class=BoundedJSONRoute)
 

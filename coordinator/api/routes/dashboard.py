@@ -22,7 +22,7 @@ from fedprompt.coordinator.api.session import (
 )
 from fedprompt.coordinator.dashboard import make_templates, page_data
 from fedprompt.coordinator.errors import TooLarge
-from fedprompt.coordinator.ratelimit import RateLimited
+from fedprompt.coordinator.hosting.ratelimit import RateLimited
 
 router = APIRouter(prefix="/dashboard", tags=["dashboard"], include_in_schema=False)
 templates = make_templates()

@@ -9,7 +9,7 @@ from fedprompt.coordinator.api.deps import AdminDep, ServiceDep
 from fedprompt.coordinator.api.jsonbody import BoundedJSONRoute
 from fedprompt.coordinator.api.problems import API_ERRORS
 from fedprompt.coordinator.api.schemas import VERSION_PATTERN, IdPath
-from fedprompt.coordinator.paths import FEDERATIONS
+from fedprompt.coordinator.hosting.paths import FEDERATIONS
 
 router = APIRouter(prefix=FEDERATIONS, tags=["export"], responses=API_ERRORS, route_class=BoundedJSONRoute)
 

@@ -18,8 +18,8 @@ from fedprompt.coordinator.api.schemas import (
     SpecBody,
     VersionPath,
 )
-from fedprompt.coordinator.db import MAX_ID
-from fedprompt.coordinator.paths import FEDERATIONS, INITIAL_PROMPT
+from fedprompt.coordinator.hosting.paths import FEDERATIONS, INITIAL_PROMPT
+from fedprompt.coordinator.persistence.db import MAX_ID
 
 router = APIRouter(
     prefix=FEDERATIONS, tags=["federations"], responses=API_ERRORS, route_class=BoundedJSONRoute

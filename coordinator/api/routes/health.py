@@ -7,7 +7,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from fedprompt.coordinator.api.deps import MetricsDep, ServiceDep, SettingsDep
 from fedprompt.coordinator.api.schemas import Health
-from fedprompt.coordinator.migrate import schema_is_current
+from fedprompt.coordinator.persistence.migrate import schema_is_current
 
 router = APIRouter(tags=["health"])
 

@@ -28,7 +28,7 @@ from fedprompt.coordinator.api.schemas import (
     Task,
     UploadReceipt,
 )
-from fedprompt.coordinator.paths import FEDERATION, UPDATE
+from fedprompt.coordinator.hosting.paths import FEDERATION, UPDATE
 
 router = APIRouter(prefix=FEDERATION, tags=["rounds"], responses=API_ERRORS, route_class=BoundedJSONRoute)
 

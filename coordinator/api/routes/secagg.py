@@ -11,7 +11,7 @@ from fedprompt.coordinator.api.deps import ClientDep, ServiceDep
 from fedprompt.coordinator.api.jsonbody import BoundedJSONRoute
 from fedprompt.coordinator.api.problems import API_ERRORS, problem_responses
 from fedprompt.coordinator.api.schemas import IdPath, SecaggStored
-from fedprompt.coordinator.paths import FEDERATION
+from fedprompt.coordinator.hosting.paths import FEDERATION
 
 router = APIRouter(
     prefix=FEDERATION, tags=["secure aggregation"], responses=API_ERRORS, route_class=BoundedJSONRoute

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from fedprompt.coordinator.ratelimit import RateLimited
+from fedprompt.coordinator.hosting.ratelimit import RateLimited
 
 RETRY_AFTER_S = 1
 

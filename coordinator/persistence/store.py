@@ -19,7 +19,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
-from fedprompt.coordinator.db import (
+from fedprompt.coordinator.errors import Forbidden, Invalid, NotFound
+from fedprompt.coordinator.logic.evaluation import BEST_RULE, best_version, summarize_evaluations
+from fedprompt.coordinator.persistence.db import (
     MAX_ID,
     WRITE_OPTION,
     Client,
@@ -31,9 +33,7 @@ from fedprompt.coordinator.db import (
     Round,
     Update,
 )
-from fedprompt.coordinator.errors import Forbidden, Invalid, NotFound
-from fedprompt.coordinator.logic.evaluation import BEST_RULE, best_version, summarize_evaluations
-from fedprompt.coordinator.writelock import WriteLock
+from fedprompt.coordinator.persistence.writelock import WriteLock
 from fedprompt.shared.spec import FederationSpec
 from fedprompt.shared.vocab import RoundState
 from sqlalchemy import func, select
