@@ -370,6 +370,14 @@ class FederationSpec(BaseModel):
         description="Clients evaluate a new prompt version only when its number is a multiple of this; "
         "version 0 (the initial prompt) and the final version (the last round's) are always evaluated.",
     )
+    evaluators: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="How many clients evaluate each due prompt version: the first this many to enrol "
+        "(revoked ones not counted). None: every client that holds evaluation examples. A client that "
+        "enrolled saying it holds none (num_eval 0) is never asked.",
+    )
     fraction: float = Field(1.0, description="C: fraction of clients selected per round, in (0, 1].")
     min_clients: int = Field(
         2, ge=1, le=1_000_000, description="Wait for this many clients; select at least this many."

@@ -31,6 +31,7 @@ def enrol_in_order(
                 seed=seed,
                 train_limit=setup.get("train_limit"),
                 eval_limit=setup.get("eval_limit"),
+                eval_shares=setup.get("evaluators"),
             )
         )
     except ValueError as exc:  # DataError, PartitionError

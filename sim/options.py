@@ -50,6 +50,7 @@ class SimulateOptions:
     seed: int
     train_limit: int | None
     eval_limit: int | None
+    evaluators: int | None
     template: str | None
     verbalizer: str | None
     test_data: str | None
@@ -227,6 +228,8 @@ def check_data_options(opts: SimulateOptions) -> None:
     parse_partition(opts.partition)
     if not 0 < opts.fraction <= 1:
         raise ValueError(f"--fraction must be in (0, 1]; got {opts.fraction}")
+    if opts.evaluators is not None and not 1 <= opts.evaluators <= opts.clients:
+        raise ValueError(f"--evaluators must be in 1..{opts.clients} (--clients); got {opts.evaluators}")
 
 
 def check_method_options(opts: SimulateOptions) -> None:
@@ -293,6 +296,7 @@ def build_spec(
     secure_aggregation: dict[str, Any] | None = None,
     precision: str = "auto",
     drift_correction: dict[str, Any] | None = None,
+    evaluators: int | None = None,
 ) -> FederationSpec:
     """The federation spec for a simulation (`method`: method, encoder and model-shape fields); the
     template and label words are the data's (sim/data_options.py chose them)."""
@@ -324,6 +328,7 @@ def build_spec(
         secure_aggregation=secure_aggregation,
         precision=precision,
         drift_correction=drift_correction,
+        evaluators=evaluators,
         **(method or {}),
     )
 
@@ -420,6 +425,7 @@ def federation_spec(opts: SimulateOptions, dataset: Dataset) -> tuple[Federation
         secure_aggregation=secure_aggregation_spec(opts, lr),
         precision=opts.precision,
         drift_correction=parse_drift_correction(opts.drift_correction),
+        evaluators=opts.evaluators,
     )
     if opts.init_prompt is not None:
         initial_blob = opts.init_prompt.read_bytes()

@@ -97,7 +97,7 @@ def follow(
                 r = record["round"]
                 closed_seen.setdefault(r, time.monotonic())
                 memory.setdefault(r, {"rss_bytes": rss, "peak_rss_bytes": procs.peak_rss})
-                complete = record["eval_clients"] >= active
+                complete = record["eval_clients"] >= min(active, spec.get("evaluators") or active)
                 if r not in printed and (complete or time.monotonic() - closed_seen[r] > EVAL_GRACE_S):
                     if asr is None and record["eval_clients"] > 0:
                         asr = has_asr(record)

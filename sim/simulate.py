@@ -88,6 +88,14 @@ def simulate_command(
     seed: Annotated[int, typer.Option()] = 0,
     train_limit: Annotated[int | None, typer.Option(help="Use a seeded subset of the train split.")] = None,
     eval_limit: Annotated[int | None, typer.Option(help="Use a seeded subset of the test split.")] = None,
+    evaluators: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="E: the test split is dealt to the first E clients only, and only they evaluate each "
+            "version (default: every client).",
+        ),
+    ] = None,
     template: Annotated[str | None, typer.Option(help=TEMPLATE_HELP)] = None,
     verbalizer: Annotated[str | None, typer.Option(help=VERBALIZER_HELP)] = None,
     test_data: Annotated[str | None, typer.Option(help=TEST_DATA_HELP)] = None,
@@ -512,6 +520,7 @@ def _create_federation(
         "partition": opts.partition,
         "train_limit": opts.train_limit,
         "eval_limit": opts.eval_limit,
+        "evaluators": opts.evaluators,
         "backdoor": {
             "malicious": opts.malicious,
             "poison_rate": opts.poison_rate,
@@ -554,6 +563,7 @@ def _client(i: int, fid: int, setup: dict[str, Any], seed: int, run: Run) -> Cli
         seed=seed,
         train_limit=setup.get("train_limit") or None,
         eval_limit=setup.get("eval_limit") or None,
+        eval_shares=setup.get("evaluators"),
         backdoor=backdoor,
         ldp_seed=client_noise_seed(seed, i),  # reproducible LDP noise (production workers: OS entropy)
     )

@@ -242,6 +242,11 @@ class Agent:
         client = self.client
         assert client is not None
         version = task.version
+        if not self.eval_data:  # it enrolled saying num_eval 0: the coordinator should not have asked
+            raise FatalWorkerError(
+                f"asked to evaluate version {version}, but this client holds no evaluation examples "
+                "(it enrolled with num_eval 0); give it test data, or use a coordinator that honours num_eval"
+            )
         self.status.state = "evaluating"
         blob = self._download(version, task.sha256)
         with self.engine_lock:

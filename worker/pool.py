@@ -63,6 +63,9 @@ class ClientEntry(BaseModel):
     train_limit: int | None = Field(None, ge=1)
     eval_limit: int | None = Field(None, ge=1)
     eval_fraction: float | None = Field(None, gt=0.0, lt=1.0)
+    eval_shares: int | None = Field(
+        None, ge=1, description="Partitions 0 … n-1 hold the evaluation examples; the others none."
+    )
     text_column: str = "text"
     label_column: str = "label"
     text_b_column: str | None = None
@@ -84,6 +87,7 @@ class ClientEntry(BaseModel):
             train_limit=self.train_limit,
             eval_limit=self.eval_limit,
             eval_fraction=self.eval_fraction,
+            eval_shares=self.eval_shares,
             text_column=self.text_column,
             label_column=self.label_column,
             text_b_column=self.text_b_column,

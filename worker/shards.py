@@ -21,6 +21,9 @@ class ShardSpec:
     train_limit: int | None = None
     eval_limit: int | None = None
     eval_fraction: float | None = None
+    # how many workers (partitions 0 … n-1) hold evaluation examples; the others evaluate nothing and
+    # train on all of theirs (None: every worker; the federation's `evaluators`)
+    eval_shares: int | None = None
     text_column: str = "text"
     label_column: str = "label"
     text_b_column: str | None = None
@@ -62,17 +65,23 @@ def _cut(spec: ShardSpec, full: TextDataset, test: TextDataset | None) -> tuple[
     train_set = full.sample(spec.train_limit, spec.seed)
     parts = partition(train_set.labels, spec.partition, spec.num_partitions, spec.seed)
     train = [train_set.examples[i] for i in parts[spec.partition_id]]
-    if spec.eval_fraction is not None or test is None:
+    holders = spec.num_partitions if spec.eval_shares is None else spec.eval_shares
+    if not 1 <= holders <= spec.num_partitions:
+        raise DataError(f"eval shares must be in 1..{spec.num_partitions}; got {holders}")
+    evaluates = spec.partition_id < holders
+    if not evaluates:
+        evaluation: list[Example] = []
+    elif spec.eval_fraction is not None or test is None:
         train, evaluation = _hold_out(train, spec.eval_fraction or 0.1, spec.seed + spec.partition_id)
     else:
-        # Each worker evaluates on its IID share of the test split, so the sample-weighted mean over
-        # all workers is the accuracy on the whole (limited) test split.
+        # Each evaluating worker holds its IID share of the test split, so the sample-weighted mean
+        # over them is the accuracy on the whole (limited) test split.
         test_set = test.sample(spec.eval_limit, spec.seed)
-        share = iid(len(test_set), spec.num_partitions, spec.seed)[spec.partition_id]
+        share = iid(len(test_set), holders, spec.seed)[spec.partition_id]
         evaluation = [test_set.examples[i] for i in share]
     if not train:
         raise DataError(f"worker {spec.partition_id} of {spec.num_partitions} got no training examples")
-    if not evaluation:
+    if evaluates and not evaluation:
         raise DataError(
             f"worker {spec.partition_id} of {spec.num_partitions} got no evaluation examples; "
             "raise --eval-limit or --eval-fraction"

@@ -15,6 +15,16 @@ def evaluation_due(version: int, *, eval_every: int, rounds: int) -> bool:
     return version == 0 or version % eval_every == 0 or version >= rounds
 
 
+def asked_to_evaluate(info: object, evaluators: int | None, rank: int | None) -> bool:
+    """Whether a client is asked to evaluate a due version. Never when it enrolled saying it holds no
+    evaluation examples (`info["num_eval"]` 0); with the spec's `evaluators`, only when fewer than
+    that many clients enrolled before it (`rank`, revoked ones not counted)."""
+    num_eval = info.get("num_eval") if isinstance(info, dict) else None
+    if isinstance(num_eval, int) and not isinstance(num_eval, bool) and num_eval <= 0:
+        return False
+    return evaluators is None or (rank is not None and rank < evaluators)
+
+
 def summarize_evaluations(version: int, rows: Iterable[Any]) -> dict[str, Any] | None:
     """Sample-weighted accuracy and loss over the clients that evaluated a version; their confusion
     matrices summed (per-class accuracy and macro-F1) when every report carries one.

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 from fedprompt.coordinator.errors import Gone, NotFound
 from fedprompt.coordinator.logic import server_optim
-from fedprompt.coordinator.logic.evaluation import evaluation_due
+from fedprompt.coordinator.logic.evaluation import asked_to_evaluate, evaluation_due
 from fedprompt.coordinator.persistence.db import (
     Client,
     Evaluation,
@@ -22,7 +22,7 @@ from fedprompt.coordinator.usecases.secagg import SecureRounds
 from fedprompt.shared import drift, wire
 from fedprompt.shared.spec import FederationSpec
 from fedprompt.shared.vocab import FederationState, RoundState, SecureStage, TaskKind
-from sqlalchemy import and_, select, update
+from sqlalchemy import and_, func, select, update
 from sqlalchemy.orm import Session
 
 
@@ -119,7 +119,9 @@ class Tasks:
                 step = self.secure.task(s, fid, rnd, client.id, spec)
                 if step is not None and step["stage"] != SecureStage.MASKED:  # the masked stage trains first
                     return step
-            if evaluation_due(latest, eval_every=spec.eval_every, rounds=spec.rounds):
+            if evaluation_due(latest, eval_every=spec.eval_every, rounds=spec.rounds) and asked_to_evaluate(
+                client.info, spec.evaluators, self._rank(c, fid, client.id) if spec.evaluators else None
+            ):
                 evaluated = c.scalar(
                     select(Evaluation.id)
                     .where(
@@ -164,6 +166,18 @@ class Tasks:
             if fed.state == FederationState.COMPLETED:
                 return {"kind": TaskKind.DONE, "round": fed.current_round, "version": fed.latest_version}
         return None
+
+    @staticmethod
+    def _rank(c: Any, fid: int, client_id: int) -> int:
+        """How many clients of the federation enrolled before this one and are not revoked."""
+        return int(
+            c.scalar(
+                select(func.count(Client.id)).where(
+                    Client.federation_id == fid, Client.id < client_id, Client.revoked_at.is_(None)
+                )
+            )
+            or 0
+        )
 
     def _train_task(self, s: Session, fed: Any, rnd: Any, spec: FederationSpec) -> dict[str, Any]:
         """Train from the round's base version and upload."""

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from fedprompt.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from fedprompt.coordinator.hosting.paths import UPLOAD_PATHS, UPLOAD_ROUTE
-from fedprompt.coordinator.logic.evaluation import evaluation_due
+from fedprompt.coordinator.logic.evaluation import asked_to_evaluate, evaluation_due
 from fedprompt.coordinator.logic.roundstats import privacy_record, round_stats
 from fedprompt.coordinator.logic.uploads import (
     PendingUpload,
@@ -102,6 +102,25 @@ def test_evaluations_are_due_for_version_0_every_nth_and_the_last(
 
 def _update(cid: int, n: int, size: int, **metrics: float) -> SimpleNamespace:
     return SimpleNamespace(client_id=cid, num_samples=n, size=size, metrics=metrics)
+
+
+@pytest.mark.parametrize(
+    ("info", "evaluators", "rank", "asked"),
+    [
+        ({}, None, None, True),  # every client by default
+        ({"num_eval": 40}, None, None, True),
+        ({"num_eval": 0}, None, None, False),  # it said it holds no test data
+        ({"num_eval": 0}, 5, 0, False),
+        ({}, 2, 0, True),
+        ({}, 2, 1, True),
+        ({}, 2, 2, False),  # two enrolled before it
+        ({"num_eval": "x"}, None, None, True),  # an unreadable figure is not taken for 0
+        ({"num_eval": False}, None, None, True),
+        (None, 1, 0, True),
+    ],
+)
+def test_who_is_asked_to_evaluate(info: Any, evaluators: int | None, rank: int | None, asked: bool) -> None:
+    assert asked_to_evaluate(info, evaluators, rank) is asked
 
 
 def test_round_stats_weigh_the_loss_and_note_rejections_and_clipped_weights() -> None:

@@ -273,6 +273,24 @@ def test_eval_every_asks_for_evaluations_of_version_0_every_nth_and_the_final_ve
     assert asked == [0, 2, 4, 5]
 
 
+def test_only_the_first_evaluators_to_enrol_and_never_a_client_without_test_data_are_asked_to_evaluate(
+    service: Coordinator,
+) -> None:
+    fid, _ = _federation(service, evaluators=2, auto_advance=False)
+    token, _ = service.enrolment.create_enrollment_token(fid)
+    none = service.enrolment.enroll(fid, token, name="no-test-data", num_samples=5, info={"num_eval": 0})[0]
+    a, b, c = _enrol(service, fid, 3)
+
+    def asked(client) -> bool:  # type: ignore[no-untyped-def]
+        task = service.tasks.next_task(fid, client)
+        return task is not None and task["kind"] == "evaluate"
+
+    # `none` enrolled first and counts toward the two, but holds nothing to evaluate
+    assert [asked(x) for x in (none, a, b, c)] == [False, True, False, False]
+    service.enrolment.revoke_client(fid, none.id)  # revoked clients are not counted: b moves up
+    assert [asked(x) for x in (a, b, c)] == [True, True, False]
+
+
 def test_download_of_base_prompt_is_counted_for_participants(service: Coordinator) -> None:
     fid, spec = _federation(service)
     a, b = _enrol(service, fid, 2)

@@ -187,11 +187,15 @@ def test_sigint_mid_round_leaves_no_process_and_rerun_continues(tmp_path: Path) 
 
 
 def test_pool_processes_serve_more_clients_and_a_killed_one_is_restarted(tmp_path: Path) -> None:
+    """Also: with --evaluators 2 only the first two clients evaluate, on the whole test split."""
     out = tmp_path / "pools"
     cmd = _cmd(out, rounds=2, local_steps=20)
     cmd[cmd.index("--clients") + 1] = "5"
     proc = subprocess.Popen(
-        [*cmd, "--processes", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [*cmd, "--processes", "2", "--evaluators", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         wait_for(
@@ -234,6 +238,11 @@ def test_pool_processes_serve_more_clients_and_a_killed_one_is_restarted(tmp_pat
     for rnd in closed:  # every selected client's update arrived once, from its own identity
         uploaded = [p["client_id"] for p in rnd["participants"] if p["uploaded"]]
         assert len(uploaded) == len(set(uploaded)) == rnd["stats"]["updates"] == 3  # ceil(0.6 * 5)
+        assert (rnd["evaluation"]["clients"], rnd["evaluation"]["num_samples"]) == (2, 60)
+    results = json.loads((out / "results.json").read_text())
+    assert [sorted(site["name"] for site in rec["sites"]) for rec in results["rounds"]] == [
+        ["client-0", "client-1"]
+    ] * 2
 
 
 @pytest.mark.parametrize(
@@ -241,6 +250,7 @@ def test_pool_processes_serve_more_clients_and_a_killed_one_is_restarted(tmp_pat
     [
         (["--partition", "foo"], "unknown partition scheme"),
         (["--fraction", "1.5"], "--fraction must be in (0, 1]"),
+        (["--evaluators", "9"], "--evaluators must be in 1..4 (--clients); got 9"),
         (["--verbalizer", "nope"], "--verbalizer 'nope': give words for at least two labels"),
         (["--dataset", "no-such-set"], "no data set named 'no-such-set'"),
         (["--track", "wandb"], "the tracker is one of mlflow, tensorboard"),
