@@ -99,7 +99,20 @@ def worker_table(doc: dict[str, Any]) -> str:
         f"| {doc['engine_steps_per_s']:.3f} | {doc['bare_steps_per_s']:.3f} | **{doc['ratio']:.3f}×** | "
         f"{', '.join(f'{x:.3f}' for x in pairs) if pairs else '–'} |\n\n"
         f"batch {doc['batch_size']}, max length {doc['max_length']}, {doc['steps_per_block']} steps per block, "
-        f"{doc['threads']} torch threads, {doc['dataset']}.\n\n" + _machine(doc)
+        f"{doc['threads']} torch threads, {doc['dataset']}.\n\n" + _grouping(doc) + _machine(doc)
+    )
+
+
+def _grouping(doc: dict[str, Any]) -> str:
+    """The engine as it trains by default (examples of similar length batched together) against the
+    same engine on the random batches, when the run measured it."""
+    if "length_grouping_speedup" not in doc:
+        return ""
+    pairs = ", ".join(f"{x:.3f}" for x in doc["paired_grouping_ratios"])
+    return (
+        f"Length grouping (windows of {doc['length_window']} batches sorted by length, the engine's "
+        f"default): {doc['grouped_steps_per_s']:.3f} steps/s, **{doc['length_grouping_speedup']:.3f}×** "
+        f"the same engine on the random batches (median of the blocks' ratios: {pairs}).\n\n"
     )
 
 

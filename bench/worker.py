@@ -5,9 +5,11 @@
 The bare loop is what one would write by hand: tokenise the batch with the template text, prepend a
 soft prompt (nn.Parameter) to the word embeddings of a frozen all-MiniLM-L6-v2, read the label words
 at [MASK] through the tied input embeddings, cross-entropy, AdamW on the prompt, gradient clipping.
-Both see the same SST-2 examples in the same batches (the engine's seeded batch order), with the same
-torch threads; they run in alternating blocks and the ratio is of the medians of the blocks, so a
-burst of load from other jobs hits both. The share of a round spent outside training is measured
+Both see the same SST-2 examples in the same batches (the engine's seeded batch order, with its
+length grouping off: `length_window=1`), with the same torch threads. A third arm is the engine as it
+trains by default, batching examples of similar length together: its ratio to the first is what
+length grouping saves. The three run back to back in each block, in a rotating order, and each
+ratio is the median over blocks of the paired ratios, so a burst of load from other jobs hits all. The share of a round spent outside training is measured
 end to end by ``bench.e2e``.
 """
 
@@ -24,7 +26,7 @@ import torch
 from fedprompt.shared.spec import DEFAULT_MODEL
 from fedprompt.worker.data import load_dataset, preset_for
 from fedprompt.worker.engine import PromptEngine
-from fedprompt.worker.engine.batching import cycle_batches
+from fedprompt.worker.engine.batching import LENGTH_WINDOW, cycle_batches
 from fedprompt.worker.engine.offline import resolve_model
 from torch.nn import functional as F
 
@@ -105,30 +107,41 @@ def main(argv: list[str] | None = None) -> None:
     labels = torch.tensor([int(ex.label) for ex in examples])
     bare = BareLoop(preset.template, preset.verbalizer, args.max_length, 20, engine.prompt)
     init = engine.get_prompt()
-    engine_rates, bare_rates, paired = [], [], []
+    sides = ("engine", "bare", "grouped")
+    rates: dict[str, list[float]] = {side: [] for side in sides}
+    paired, grouping = [], []
     for block in range(args.blocks + 1):
-        # Each block is a pair run back to back on the same batches; which goes first alternates, so
-        # a change of load within a pair favours neither side over the run.
-        first_engine = block % 2 == 0
+        # Each block runs the three back to back; the order rotates, so a change of load within a
+        # block favours none of them over the run.
         seconds = {}
-        for side in ("engine", "bare") if first_engine else ("bare", "engine"):
+        for side in sides[block % 3 :] + sides[: block % 3]:
             t0 = time.perf_counter()
-            if side == "engine":
-                engine.set_prompt(init)
-                engine.train(examples, steps=args.steps, batch_size=args.batch_size, lr=0.3, seed=block)
-            else:
+            if side == "bare":
                 bare.train(examples, labels, steps=args.steps, batch_size=args.batch_size, seed=block)
+            else:
+                engine.set_prompt(init)
+                engine.train(
+                    examples,
+                    steps=args.steps,
+                    batch_size=args.batch_size,
+                    lr=0.3,
+                    seed=block,
+                    length_window=LENGTH_WINDOW if side == "grouped" else 1,
+                )
             seconds[side] = time.perf_counter() - t0
         if block == 0:
             continue  # warm-up: first calls allocate and tune kernels
-        engine_rates.append(args.steps / seconds["engine"])
-        bare_rates.append(args.steps / seconds["bare"])
+        for side in sides:
+            rates[side].append(args.steps / seconds[side])
         paired.append(seconds["bare"] / seconds["engine"])
+        grouping.append(seconds["engine"] / seconds["grouped"])
         print(
-            f"block {block}: engine {engine_rates[-1]:.2f} steps/s, bare loop {bare_rates[-1]:.2f} steps/s, "
-            f"pair ratio {paired[-1]:.3f}",
+            f"block {block}: engine {rates['engine'][-1]:.2f} steps/s, bare loop {rates['bare'][-1]:.2f}, "
+            f"engine with length grouping {rates['grouped'][-1]:.2f}; bare/engine {paired[-1]:.3f}, "
+            f"grouping {grouping[-1]:.3f}x",
             flush=True,
         )
+    engine_rates, bare_rates = rates["engine"], rates["bare"]
     eng, bar = statistics.median(engine_rates), statistics.median(bare_rates)
     result = {
         "model": DEFAULT_MODEL,
@@ -146,10 +159,20 @@ def main(argv: list[str] | None = None) -> None:
         "ratio_of_medians": ratio(eng, bar),
         "engine_blocks": engine_rates,
         "bare_blocks": bare_rates,
+        # the engine as it trains by default (examples of similar length batched together, windows of
+        # LENGTH_WINDOW batches): its speed-up over the same engine on the random batches, paired
+        "length_window": LENGTH_WINDOW,
+        "grouped_steps_per_s": statistics.median(rates["grouped"]),
+        "grouped_blocks": rates["grouped"],
+        "length_grouping_speedup": statistics.median(grouping),
+        "paired_grouping_ratios": grouping,
         "peak_rss_mib": self_peak_rss_mib(),
     }
     path = write_result("worker", result, out_dir=Path(args.out_dir) if args.out_dir else None)
-    print(f"engine {eng:.2f} vs bare {bar:.2f} steps/s: {result['ratio']:.3f}x; wrote {path}")
+    print(
+        f"engine {eng:.2f} vs bare {bar:.2f} steps/s: {result['ratio']:.3f}x; length grouping "
+        f"{result['length_grouping_speedup']:.3f}x; wrote {path}"
+    )
 
 
 if __name__ == "__main__":

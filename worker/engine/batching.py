@@ -1,4 +1,5 @@
-"""Batches: padding token rows, checked label ids and the seeded endless batch order of training."""
+"""Batches: padding token rows, checked label ids and the seeded endless batch order of training, with
+examples of similar length batched together (less padding)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,17 @@ def cycle_batches(n: int, batch_size: int, rng: np.random.Generator) -> Iterator
         need = min(batch_size, n) - len(head)
         yield np.concatenate([head, order[:need]])
         at = need
+
+
+# How many batches' worth of the seeded order is sorted by length at a time. On SST-2 with MiniLM
+# (batch 16), real tokens are 63 % of the padded positions in random batches, 92 % with windows of 8.
+LENGTH_WINDOW = 8
+
+
+def length_batches(lengths: Sequence[int], batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """A window of examples cut into batches of similar length: positions into `lengths`, sorted by
+    length (stably, so equal lengths keep the window's random order), cut every `batch_size`, the
+    batches in a seeded random order (so long and short batches alternate at random)."""
+    order = np.argsort(np.asarray(lengths), kind="stable")
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    return [batches[j] for j in rng.permutation(len(batches))]

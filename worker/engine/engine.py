@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -15,7 +15,7 @@ from fedprompt.shared.methods import PROMPT_TENSOR, MethodConfig, tensor_shapes
 from fedprompt.shared.spec import FederationSpec, Precision, check_precision
 from fedprompt.shared.vocab import EncoderType, Method, Scoring
 from fedprompt.worker.engine import prompt_io
-from fedprompt.worker.engine.batching import cycle_batches, label_ids, pad
+from fedprompt.worker.engine.batching import LENGTH_WINDOW, cycle_batches, label_ids, length_batches, pad
 from fedprompt.worker.engine.families import adapter
 from fedprompt.worker.engine.initial import Init, initialise
 from fedprompt.worker.engine.loading import (
@@ -207,6 +207,24 @@ class PromptEngine:
         positions = torch.tensor(encoded.mask_positions, dtype=torch.long)
         return ids.to(self.device), mask.to(self.device), positions.to(self.device)
 
+    def _length_batches(
+        self, examples: Sequence[TextPair], batch_size: int, rng: np.random.Generator, window: int
+    ) -> Iterator[tuple[np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Endless training batches (example indices, token ids, attention mask, mask positions): the
+        seeded order of `cycle_batches`, `window` batches at a time (fewer where the examples
+        are fewer: a window spans at most one pass over them) encoded and regrouped by length
+        (batching.length_batches), so little of each batch is padding."""
+        order = cycle_batches(len(examples), batch_size, rng)
+        size = min(batch_size, len(examples))
+        per_window = max(1, min(window, len(examples) // size))
+        while True:
+            held = np.concatenate([next(order) for _ in range(per_window)])
+            encoded = self.template.encode([examples[i] for i in held])
+            for rows in length_batches([len(r) for r in encoded.input_ids], size, rng):
+                ids, mask = pad([encoded.input_ids[r] for r in rows], self._pad_id)
+                positions = torch.tensor([encoded.mask_positions[r] for r in rows], dtype=torch.long)
+                yield held[rows], ids.to(self.device), mask.to(self.device), positions.to(self.device)
+
     def scores(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask_pos: torch.Tensor
     ) -> torch.Tensor:
@@ -241,6 +259,7 @@ class PromptEngine:
         mean_gradient: bool = False,
         balanced_tau: float = 0.0,
         progress: ProgressFn | None = None,
+        length_window: int = LENGTH_WINDOW,
     ) -> TrainResult:
         """Run `steps` AdamW steps on the method's tensors only (a fresh optimiser per call), seeded batches.
 
@@ -249,7 +268,9 @@ class PromptEngine:
         (SCAFFOLD's c − c_i, per communicated tensor) is added to every step's gradient; with
         `mean_gradient` the result carries the mean clipped loss gradient (SCAFFOLD's new c_i);
         `balanced_tau` > 0 adds τ·log(the examples' own label distribution) to the scores inside the
-        loss (the logit-adjusted, balanced loss)."""
+        loss (the logit-adjusted, balanced loss). Batches group examples of similar length within
+        windows of `length_window` batches of the seeded order (1: the seeded random batches as
+        they are)."""
         if not examples:
             raise ValueError("cannot train on an empty data set")
         if steps < 0:
@@ -275,12 +296,13 @@ class PromptEngine:
             counts = torch.bincount(labels, minlength=self.verbalizer.num_labels).tolist()
             shift = drift.logit_adjustment(drift.label_prior(counts), balanced_tau)
             adjust = torch.as_tensor(shift, dtype=torch.float32, device=self.device)
-        batches = cycle_batches(len(examples), batch_size, np.random.default_rng([seed, 0xBA]))
+        batches = self._length_batches(
+            examples, batch_size, np.random.default_rng([seed, 0xBA]), max(1, length_window)
+        )
         started = time.perf_counter()
         losses: list[float] = []
         for step in range(1, steps + 1):
-            idx = next(batches)
-            ids, mask, pos = self._batch([examples[i] for i in idx])
+            idx, ids, mask, pos = next(batches)
             target = labels[torch.as_tensor(idx)].to(self.device)
             with self._autocast():
                 scores = self.scores(ids, mask, pos)
