@@ -169,4 +169,6 @@ def report_command(
         raise typer.Exit(2) from None
     for name, records in summaries.items():
         console.print(f"{name}: {sum(r['done'] for r in records)}/{len(records)} cells")
-    console.print(f"updated {results}")
+    console.print(
+        f"updated {results}" + (" and the README's findings table" if Path("README.md").is_file() else "")
+    )

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from fedprompt.sim.experiments.config import Cell, ExperimentConfig, PaperValue, PlotSpec, expand, matches
-from fedprompt.sim.experiments.prose import PERCENT, _cells_text, _params, _values, fill, stat
+from fedprompt.sim.experiments.findings import Finding, findings_of, findings_table, replace_findings
+from fedprompt.sim.experiments.prose import PERCENT, _cells_text, _params, _values, fill, stat, unwrap
 from fedprompt.sim.experiments.records import collect, merge_committed, metrics_of, records_of
 from fedprompt.sim.experiments.runner import (
     committed_cells,
@@ -541,6 +542,17 @@ def render_document(
     return "\n".join(parts)
 
 
+def findings(experiments: Sequence[Experiment]) -> list[Finding]:
+    """Every computed verdict of the readings, a claim per row, in RESULTS.md's order (the README's
+    findings table)."""
+    out: list[Finding] = []
+    for exp in sorted(experiments, key=lambda e: (e.config.order, e.config.name)):
+        reading = exp.config.reading.strip()
+        if reading:
+            out += findings_of(exp.config.title, unwrap(reading), fill(reading, exp.config, exp.records))
+    return out
+
+
 def experiments_of(
     config_paths: Sequence[Path], out_root: Path, fig_dir: Path, root: Path
 ) -> list[Experiment]:
@@ -585,6 +597,9 @@ def report(
     shown = experiments_of(document or config_paths, out_root, fig_dir, root)
     provenance = update_provenance(dataset_names([e.config for e in shown]), fig_dir)
     results_md.write_text(render_document(shown, provenance))
+    readme = root / "README.md"
+    if readme.is_file():
+        readme.write_text(replace_findings(readme.read_text(), findings_table(findings(shown))))
     return summaries
 
 

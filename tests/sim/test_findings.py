@@ -9,6 +9,13 @@ from typing import Any
 
 import pytest
 from fedprompt.sim.experiments.config import ConfigError, load_config
+from fedprompt.sim.experiments.findings import (
+    findings_in,
+    findings_of,
+    findings_table,
+    replace_findings,
+    verdict_word,
+)
 from fedprompt.sim.experiments.prose import fill
 from fedprompt.sim.experiments.verdicts import learned, paired, t_interval, verdict
 
@@ -146,3 +153,49 @@ def test_provenance_takes_each_found_meta_and_keeps_the_committed_rest(
     text = head(got)
     assert "toy: re-split 80/20 \\| seed 13 &lt;br /> (1,200 train, 300 test)" in text
     assert "gone: kept (1 train, 2 test)" in text
+
+
+# -- the README's findings table, from a reading's tables ------------------------------------------
+
+RAW = """Some words.
+
+| data set | A − B > 0 | its accuracy % |
+|---|---|---|
+| SST-2 | {{verdict: final_accuracy @ d=sst2, v=a - d=sst2, v=b > 0}} | {{final_accuracy @ d=sst2}} |
+| Twitter | {{verdict: final_accuracy @ d=twitter, v=a - d=twitter, v=b > 0}} | {{final_accuracy @ d=twitter}} |
+| Enron | {{verdict: final_accuracy @ d=enron, v=a - d=enron, v=b > 0}} | {{final_accuracy @ d=enron}} |
+"""
+RENDERED = """Some words.
+
+| data set | A − B > 0 | its accuracy % |
+|---|---|---|
+| SST-2 | holds (+3.0 points, 95 % CI +1.0 to +5.0, 3 seeds) | 80.0 |
+| Twitter | inconclusive (+1.0 points, 95 % CI −2.0 to +4.0, 3 seeds) | 88.0 |
+| Enron | holds (+2.0 points, 95 % CI +0.5 to +3.5, 3 seeds) | 97.0 |
+"""
+
+
+def test_a_reading_column_of_verdicts_is_one_finding_with_its_rows_by_verdict() -> None:
+    (found,) = findings_of("Table X: a test", RAW, RENDERED)
+    assert found.claim == "A − B > 0" and found.anchor == "table-x-a-test"
+    assert found.rows == {"holds": ["SST-2", "Enron"], "inconclusive": ["Twitter"]}
+    table = findings_table([found])
+    assert table.splitlines()[2] == (
+        "| [Table X: a test](RESULTS.md#table-x-a-test): A − B > 0 | SST-2, Enron | – | Twitter | – |"
+    )
+
+
+def test_verdict_words_are_read_whole() -> None:
+    assert verdict_word("does not hold (−4.0 points, …)") == "does not hold"
+    assert verdict_word("not learned (both cells; …)") == "not learned"
+    assert verdict_word("holdsworth") is None and verdict_word("80.0") is None
+
+
+def test_the_readme_block_is_replaced_between_its_markers_and_missing_markers_are_refused() -> None:
+    readme = "intro\n<!-- findings -->\nold\n<!-- /findings -->\nrest\n"
+    assert (
+        replace_findings(readme, "| new |") == "intro\n<!-- findings -->\n| new |\n<!-- /findings -->\nrest\n"
+    )
+    assert findings_in(replace_findings(readme, "| new |")) == "| new |"
+    with pytest.raises(ValueError, match="findings table"):
+        replace_findings("no markers", "| new |")

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import yaml
 from fedprompt.sim.experiments.config import load_config
+from fedprompt.sim.experiments.findings import findings_in, findings_table
 from fedprompt.sim.experiments.prose import PLACEHOLDER
-from fedprompt.sim.experiments.report import experiments_of, load_provenance, render_document
+from fedprompt.sim.experiments.report import experiments_of, findings, load_provenance, render_document
 
 ROOT = Path(__file__).parents[2]
 CONFIGS = sorted((ROOT / "experiments").glob("*.yaml"))
@@ -48,6 +49,15 @@ def test_results_md_is_what_the_report_renders(tmp_path: Path) -> None:
         pytest.fail(
             f"RESULTS.md differs from the report's rendering; run `fedprompt experiment report`:\n{diff}"
         )
+
+
+def test_the_readme_findings_table_is_the_computed_verdicts(tmp_path: Path) -> None:
+    experiments = experiments_of(CONFIGS, tmp_path / "no-runs", ROOT / "docs" / "results", ROOT)
+    expected = findings_table(findings(experiments))
+    assert expected.count("\n") >= 3  # the claims of Tables I and III at least
+    assert findings_in((ROOT / "README.md").read_text()) == expected, (
+        "the README's findings table differs from the verdicts; run `fedprompt experiment report`"
+    )
 
 
 def test_results_md_quotes_none_of_the_stale_figures() -> None:
