@@ -78,6 +78,18 @@ class BareLoop:
         return float(loss.detach())
 
 
+def real_token_share(
+    engine: PromptEngine, examples: Any, batch_size: int, window: int, batches: int = 64
+) -> float:
+    """Real tokens ÷ padded positions in the engine's first `batches` training batches."""
+    order = engine._length_batches(examples, batch_size, np.random.default_rng([0, 0xBA]), window)
+    real = total = 0
+    for _ in range(batches):
+        _, _, mask, _ = next(order)
+        real, total = real + int(mask.sum()), total + mask.numel()
+    return real / total
+
+
 def main(argv: list[str] | None = None) -> None:
     """Alternate blocks of engine and bare-loop training; write bench/results/worker.json."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -142,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
     engine_rates, bare_rates = rates["engine"], rates["bare"]
+    shares = {w: real_token_share(engine, examples, args.batch_size, w) for w in (1, LENGTH_WINDOW)}
     eng, bar = statistics.median(engine_rates), statistics.median(bare_rates)
     result = {
         "model": DEFAULT_MODEL,
@@ -165,6 +178,9 @@ def main(argv: list[str] | None = None) -> None:
         "grouped_steps_per_s": statistics.median(rates["grouped"]),
         "grouped_blocks": rates["grouped"],
         "length_grouping_speedup": statistics.median(grouping),
+        # real tokens ÷ padded positions over 64 batches of each (the prompt's virtual tokens left out)
+        "real_token_share_random": shares[1],
+        "real_token_share_grouped": shares[LENGTH_WINDOW],
         "paired_grouping_ratios": grouping,
         "peak_rss_mib": self_peak_rss_mib(),
     }
