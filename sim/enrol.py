@@ -10,7 +10,15 @@ from fedprompt.sim.supervisor import SimulationError
 
 
 def enrol_in_order(
-    admin: CoordinatorClient, url: str, fid: int, token: str, setup: dict[str, Any], seed: int, workers: Path
+    admin: CoordinatorClient,
+    url: str,
+    fid: int,
+    token: str,
+    setup: dict[str, Any],
+    seed: int,
+    workers: Path,
+    *,
+    eval_shares: int | None = None,
 ) -> None:
     """Enrol client-0 … client-(K-1) in that order, each into its worker's state folder, before any
     worker starts: client ids, and so the seeded selection of a round, follow the worker index instead
@@ -31,7 +39,7 @@ def enrol_in_order(
                 seed=seed,
                 train_limit=setup.get("train_limit"),
                 eval_limit=setup.get("eval_limit"),
-                eval_shares=setup.get("evaluators"),
+                eval_shares=eval_shares,
             )
         )
     except ValueError as exc:  # DataError, PartitionError

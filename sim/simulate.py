@@ -419,9 +419,13 @@ def _federate(
     }
     clients, seed = int(setup["clients"]), int(spec["seed"])
     token = admin.create_enrollment_token(fid, max_uses=clients)
-    enrol_in_order(admin, url, fid, token, setup, seed, run.out / "workers")
+    evaluators = spec.get("evaluators")  # the first E clients hold the test split (the spec's policy)
+    enrol_in_order(admin, url, fid, token, setup, seed, run.out / "workers", eval_shares=evaluators)
     for p in range(run.processes):
-        members = [_client(i, fid, setup, seed, run) for i in range(p, clients, run.processes)]
+        members = [
+            _client(i, fid, setup, seed, run, eval_shares=evaluators)
+            for i in range(p, clients, run.processes)
+        ]
         pool = WorkerPool(config=_pool_file(p, url, fid, token, members, run, opts.device), port=free_port())
         procs.start(f"worker pool {p}", pool.argv(), run.out / "logs" / f"pool-{p}.log", run.env, restarts=3)
     records, initial = follow(admin, fid, spec, clients, procs)
@@ -520,7 +524,6 @@ def _create_federation(
         "partition": opts.partition,
         "train_limit": opts.train_limit,
         "eval_limit": opts.eval_limit,
-        "evaluators": opts.evaluators,
         "backdoor": {
             "malicious": opts.malicious,
             "poison_rate": opts.poison_rate,
@@ -538,8 +541,11 @@ def _create_federation(
     return fid, admin.federation(fid).spec
 
 
-def _client(i: int, fid: int, setup: dict[str, Any], seed: int, run: Run) -> ClientEntry:
-    """Client i: its shard of the data set, its state folder, and the backdoor if it is malicious."""
+def _client(
+    i: int, fid: int, setup: dict[str, Any], seed: int, run: Run, *, eval_shares: int | None = None
+) -> ClientEntry:
+    """Client i: its shard of the data set (of the test split too when i < eval_shares, or always
+    without), its state folder, and the backdoor if it is malicious."""
     door = setup.get("backdoor") or {}
     malicious = bool(door) and i < int(door["malicious"])
     backdoor = None
@@ -563,7 +569,7 @@ def _client(i: int, fid: int, setup: dict[str, Any], seed: int, run: Run) -> Cli
         seed=seed,
         train_limit=setup.get("train_limit") or None,
         eval_limit=setup.get("eval_limit") or None,
-        eval_shares=setup.get("evaluators"),
+        eval_shares=eval_shares,
         backdoor=backdoor,
         ldp_seed=client_noise_seed(seed, i),  # reproducible LDP noise (production workers: OS entropy)
     )

@@ -6,6 +6,8 @@ import importlib.util
 import re
 from pathlib import Path
 
+from fedprompt.sim.experiments.findings import anchor_of
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -35,12 +37,6 @@ def test_every_coordinator_setting_is_described() -> None:
     assert not set(gen.FALLBACK) - set(Settings.model_fields), "FALLBACK names a setting that is gone"
 
 
-def _anchor(heading: str) -> str:
-    """GitHub's anchor of a Markdown heading."""
-    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
-    return text.replace(" ", "-")
-
-
 def test_links_of_the_readme_and_docs_resolve() -> None:
     """Every relative link of README.md and docs/*.md names a file (and a heading) that exists."""
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -55,6 +51,6 @@ def test_links_of_the_readme_and_docs_resolve() -> None:
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
             elif anchor and resolved.suffix == ".md":
                 headings = re.findall(r"^#+ (.+)$", resolved.read_text(), re.M)
-                if anchor not in {_anchor(h) for h in headings}:
+                if anchor not in {anchor_of(h) for h in headings}:
                     broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
     assert not broken, "\n".join(broken)
