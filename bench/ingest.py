@@ -162,6 +162,9 @@ def analyse(load: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, An
         "train_delivery_s": _stats(delivery["train"]),
         "evaluate_delivery_s": _stats(delivery["evaluate"]),
         "polls": len(lat.get("poll", [])),
+        "requests": sum(
+            len(v) for v in lat.values()
+        ),  # every kind: enrol, poll, download, evaluation, upload
         "errors": sum(load["errors"].values()),
         "error_kinds": load["errors"],
         "error_samples": load["error_samples"],
@@ -172,16 +175,20 @@ def analyse(load: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, An
     }
 
 
-def run_coordinator(backend: str, k: int, c: float, hidden: int, args: argparse.Namespace) -> dict[str, Any]:
-    """One federation of K simulated workers against a real coordinator process."""
+def run_coordinator(name: str, k: int, c: float, hidden: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One federation of K simulated workers against a real coordinator process: `name` is a backend,
+    with ``@previous`` the coordinator of the --previous source tree (same interpreter and packages)."""
     from tests.helpers import coordinator_process  # the launcher the end-to-end tests use
+
+    backend, _, build = name.partition("@")
+    env = {**ENV, "PYTHONPATH": str(Path(args.previous).resolve())} if build == "previous" else ENV
 
     with tempfile.TemporaryDirectory(prefix="fedprompt-ingest-") as tmp:
         tmpdir = Path(tmp)
         db_ctx = Postgres() if backend == "postgres" else None
         db = db_ctx.__enter__() if db_ctx else f"sqlite:///{tmpdir / 'coordinator.db'}"
         try:
-            with coordinator_process(db, tmpdir, extra_env=ENV) as (url, proc):
+            with coordinator_process(db, tmpdir, extra_env=env) as (url, proc):
                 admin = CoordinatorClient(url, ADMIN, timeout=600.0)  # history of 1,000s of participants
                 spec = FederationSpec(
                     name=f"ingest-{k}-{c}",
@@ -199,7 +206,7 @@ def run_coordinator(backend: str, k: int, c: float, hidden: int, args: argparse.
                 token = admin.create_enrollment_token(fid, max_uses=k)
                 cpu0 = proc_cpu_seconds(proc.pid)
                 t0 = time.time()
-                spy = _profiler(proc.pid, args, f"{backend}-{k}-{c}-{hidden}")
+                spy = _profiler(proc.pid, args, f"{name.replace('@', '-')}-{k}-{c}-{hidden}")
                 load = _loadgen(url, tmpdir / "load.json", k, hidden, args, fid=fid, enrol_token=token)
                 profile = _stop_profiler(spy)
                 wall = time.time() - t0
@@ -210,13 +217,16 @@ def run_coordinator(backend: str, k: int, c: float, hidden: int, args: argparse.
         finally:
             if db_ctx:
                 db_ctx.__exit__(None, None, None)
+    analysed = analyse(load, history)
     return {
         "backend": backend,
+        "build": build or "this",
         "k": k,
         "c": c,
         "prompt": [20, hidden],
-        **analyse(load, history),
+        **analysed,
         "coordinator_cpu_s": cpu,
+        "cpu_ms_per_request": 1000 * cpu / max(analysed["requests"], 1),
         "coordinator_peak_rss_mib": peak,
         "wall_s": wall,
         **({"profile": profile} if profile else {}),
@@ -244,13 +254,15 @@ def run_null(k: int, c: float, hidden: int, args: argparse.Namespace) -> dict[st
     finally:
         proc.terminate()
         proc.wait(10)
+    analysed = analyse(load, history)
     return {
         "k": k,
         "c": c,
         "hidden": hidden,
         "prompt": [20, hidden],
-        **analyse(load, history),
+        **analysed,
         "cpu_s": cpu,
+        "cpu_ms_per_request": 1000 * cpu / max(analysed["requests"], 1),
         "peak_rss_mib": peak,
         "wall_s": wall,
     }
@@ -273,6 +285,19 @@ def compare(row: dict[str, Any], null: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def compare_builds(row: dict[str, Any], previous: dict[str, Any]) -> dict[str, Any]:
+    """This build's figures as ratios to the previous build's (same backend, same repeat): below 1 is
+    less CPU or a shorter wait, above 1 more rounds or uploads a second."""
+    return {
+        "cpu_ms_per_request": ratio(row["cpu_ms_per_request"], previous["cpu_ms_per_request"]),
+        "train_delivery_p99": ratio(row["train_delivery_s"]["p99"], previous["train_delivery_s"]["p99"]),
+        "poll_delivery_p99": ratio(row["poll_delivery_s"]["p99"], previous["poll_delivery_s"]["p99"]),
+        "upload_p99": ratio(row["upload_s"]["p99"], previous["upload_s"]["p99"]),
+        "rounds_per_min": ratio(row["rounds_per_min"], previous["rounds_per_min"]),
+        "uploads_per_s": ratio(row["uploads_per_s"], previous["uploads_per_s"]),
+    }
+
+
 def rotation(systems: list[str], repeat: int) -> list[str]:
     """The order of one repeat: the list rotated by the repeat's number, so each system goes first in turn."""
     shift = repeat % len(systems)
@@ -289,6 +314,8 @@ FIGURES: dict[str, tuple[str | int, ...]] = {
     "uploads_per_s": ("uploads_per_s",),
     "errors": ("errors",),
     "cpu_s": ("cpu_s",),
+    "cpu_ms_per_request": ("cpu_ms_per_request",),
+    "requests": ("requests",),
     "peak_rss_mib": ("peak_rss_mib",),
     "rounds_per_min": ("rounds_per_min",),
     "generator_cpu_s": ("generator", "cpu_s"),
@@ -321,9 +348,10 @@ def summarize(repeats: list[dict[str, Any]]) -> dict[str, Any]:
     for name in systems:
         runs = [r["runs"][name] for r in repeats]
         cell = {f: spread([_get(run, path) for run in runs]) for f, path in FIGURES.items()}
-        if name != "null":
-            keys = runs[0].get("vs_null", {})
-            cell["vs_null"] = {key: spread([run["vs_null"].get(key) for run in runs]) for key in keys}
+        for against in ("vs_null", "vs_previous"):
+            keys = runs[0].get(against, {})
+            if keys:
+                cell[against] = {key: spread([run[against].get(key) for run in runs]) for key in keys}
         out[name] = cell
     return out
 
@@ -332,7 +360,8 @@ def run_point(k: int, c: float, hidden: int, backends: list[str], args: argparse
     """The null app and every backend at one (K, C, width), in ``--repeats`` rounds with the order rotating."""
     repeats = []
     for number in range(args.repeats):
-        order = rotation(["null", *backends], number)
+        systems = [*backends, *(f"{b}@previous" for b in backends if args.previous)]
+        order = rotation(["null", *systems], number)
         runs: dict[str, dict[str, Any]] = {}
         for name in order:
             load0 = list(os.getloadavg())
@@ -344,7 +373,9 @@ def run_point(k: int, c: float, hidden: int, backends: list[str], args: argparse
             _print_run(name, run)
         for name in backends:
             runs[name]["vs_null"] = compare(runs[name], runs["null"])
-        repeats.append({"repeat": number, "order": order, "runs": {n: runs[n] for n in ["null", *backends]}})
+            if f"{name}@previous" in runs:
+                runs[name]["vs_previous"] = compare_builds(runs[name], runs[f"{name}@previous"])
+        repeats.append({"repeat": number, "order": order, "runs": {n: runs[n] for n in ["null", *systems]}})
     return {"k": k, "c": c, "hidden": hidden, "repeats": repeats, "summary": summarize(repeats)}
 
 
@@ -354,7 +385,7 @@ def _print_run(name: str, row: dict[str, Any]) -> None:
         f"[{row['repeat']}] {name} K={row['k']} C={row['c']} 20x{row['prompt'][1]}: {row['uploads']} uploads, "
         f"{row['uploads_per_s'] or 0:.0f}/s, upload p50/p99 {row['upload_s']['p50'] or 0:.3f}/"
         f"{row['upload_s']['p99'] or 0:.3f} s, poll delivery p99 {row['poll_delivery_s']['p99'] or 0:.3f} s, "
-        f"errors {row['errors']}, generator cpu {gen.get('cpu_s') or 0:.1f} s, "
+        f"cpu {row['cpu_ms_per_request']:.2f} ms/request, errors {row['errors']}, generator cpu {gen.get('cpu_s') or 0:.1f} s, "
         f"lag p99 {(gen.get('loop_lag_s') or {}).get('p99') or 0:.3f} s, "
         f"load {row['loadavg_start'][0]:.1f} -> {row['loadavg_end'][0]:.1f}",
         flush=True,
@@ -403,6 +434,14 @@ def summarize_profile(path: Path, top: int = 15) -> list[dict[str, Any]]:
     return [{"function": f, "share": c / total} for f, c in ranked] if total else []
 
 
+def _describe_tree(path: str) -> dict[str, Any]:
+    """The --previous tree: where, and its commit."""
+    commit = subprocess.run(
+        ["git", "-C", path, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return {"path": str(Path(path).resolve()), "commit": commit or None}
+
+
 def _parse_grid(text: str) -> list[tuple[int, float]]:
     return [(int(k), float(c)) for k, c in (item.split("x") for item in text.split(","))]
 
@@ -429,6 +468,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--wait", type=float, default=20.0, help="long-poll wait of the workers")
     ap.add_argument("--time-limit", type=float, default=600.0, help="bound on one load generator run")
     ap.add_argument("--profile", default=None, help="directory: sample the coordinator with py-spy")
+    ap.add_argument(
+        "--previous",
+        default=None,
+        help="source tree of the previous build (e.g. a git worktree): its coordinator runs beside this one's",
+    )
     ap.add_argument("--name", default="ingest")
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args(argv)
@@ -451,6 +495,7 @@ def main(argv: list[str] | None = None) -> None:
                 "quick": args.quick,
                 "repeats": args.repeats,
                 "backends": backends,
+                "previous": _describe_tree(args.previous) if args.previous else None,
             },
             "points": points,
         },

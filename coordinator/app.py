@@ -30,6 +30,7 @@ from fedprompt.coordinator.metrics import (
     log_transition,
 )
 from fedprompt.coordinator.persistence.db import make_engine, make_sessionmaker
+from fedprompt.coordinator.persistence.notify import ChangeListener
 from fedprompt.coordinator.service import Coordinator
 from fedprompt.shared.apidocs import mount_api_docs
 from fedprompt.shared.logs import RequestContextMiddleware, bind_route_context, register_secret
@@ -72,11 +73,19 @@ def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads
         task = asyncio.create_task(_sweeper(service, settings.sweep_interval_s)) if sweep else None
+        # other processes' changes, announced through Postgres NOTIFY (SQLite: one process, no replicas)
+        listener = ChangeListener(engine.url, service.store.changed) if service.store.notify else None
+        if listener is not None:
+            listener.start()
+        app.state.change_listener = listener
         yield
+        if listener is not None:
+            listener.stop()
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        service.store.downloads.flush()  # what the last downloads left in memory
         engine.dispose()
 
     app = FastAPI(

@@ -43,3 +43,9 @@ class TooLarge(ServiceError):
 
 class Invalid(ServiceError):
     status, title = 422, "Unprocessable content"
+
+
+def revoked_client(client_id: int) -> Forbidden:
+    """The refusal of a revoked client's request (its token stops working; its writes are refused in
+    their own transactions whatever an authentication cache still holds)."""
+    return Forbidden(f"client {client_id} was revoked by the operator")

@@ -1,10 +1,10 @@
 """The layering: shared/ at the bottom; coordinator/ and worker/ side by side on it, never importing
 each other; sim/ (simulate, experiment grids, the `fedprompt` operator CLI) above both. Inside the
 coordinator, floors from the top down (COORDINATOR_FLOORS): cli; app and hosting/server.py; api;
-dashboard; the use cases and service.py, which wires them; persistence/store.py and logic; persistence/
-db.py (and metrics, which reads it); the leaves that import no other floor (config, errors, the rest
-of hosting/ and persistence/). A module imports only from its own
-floor or below, and every module of the coordinator stands on a floor.
+dashboard; the use cases and service.py, which wires them; persistence/store.py, downloadlog.py and
+notify.py, and logic; persistence/db.py (and metrics, which reads it); the leaves that import no
+other floor (config, errors, the rest of hosting/ and persistence/). A module imports only from its
+own floor or below, and every module of the coordinator stands on a floor.
 
 Every .py file of each package is parsed and each import read, lazy ones inside functions included
 (`import x`, `from x import y`, relative imports resolved, `importlib.import_module("x")` and
@@ -37,7 +37,7 @@ COORDINATOR_FLOORS: tuple[tuple[str, frozenset[str]], ...] = (
     ("api", frozenset({"api"})),
     ("dashboard", frozenset({"dashboard"})),
     ("usecases", frozenset({"usecases", "service"})),
-    ("store", frozenset({"persistence.store", "logic"})),
+    ("store", frozenset({"persistence.store", "persistence.downloadlog", "persistence.notify", "logic"})),
     ("db", frozenset({"persistence.db", "metrics"})),
     (
         "leaves",

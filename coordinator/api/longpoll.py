@@ -4,13 +4,16 @@ polls waiting on it.
 A waiting poll used to wake every FEDPROMPT_LONG_POLL_INTERVAL_S to look at the stamp; with a
 thousand clients waiting that is thousands of wake-ups a second on the event loop. Here, while any
 poll waits on a federation, a single task reads its stamp (`Store.federation_stamp`, shared
-with the other requests of this process) every interval and wakes the waiting polls only when it
-changed; a poll otherwise sleeps until its deadline.
+with the other requests of this process) and wakes the waiting polls only when it changed; a poll
+otherwise sleeps until its deadline. The reader looks at once when the store announces a change of
+the federation (a commit of this process, or another's NOTIFY on Postgres) and otherwise every
+interval, so a missed announcement delays a task by one interval at most.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -32,8 +35,29 @@ class StampWatch:
         self.store, self.interval = store, interval
         self._stamps: dict[int, Stamp] = {}  # the last stamp each running reader saw
         self._changed: dict[int, asyncio.Event] = {}  # set (and replaced) when a stamp changes
+        self._poked: dict[int, asyncio.Event] = {}  # set when the store announces a change
         self._waiting: Counter[int] = Counter()
         self._readers: dict[int, asyncio.Task[None]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop its readers run on, once one has
+
+    def _listen(self) -> None:
+        """On the first reader: hear the store's announcements on this loop."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self.store.add_change_listener(self._announced)
+
+    def _announced(self, fid: int) -> None:
+        """The store's change listener (called in any thread): have fid's reader look now."""
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(self._poke, fid)
+        except RuntimeError:  # the loop closed: nothing waits here any more
+            self.store.remove_change_listener(self._announced)
+
+    def _poke(self, fid: int) -> None:
+        poke = self._poked.get(fid)
+        if poke is not None:
+            poke.set()
 
     async def stamp(self, fid: int) -> Stamp:
         """The federation's current stamp: the reader's if one runs, else read now."""
@@ -47,6 +71,7 @@ class StampWatch:
         try:
             self._stamps.setdefault(fid, seen)
             if fid not in self._readers:
+                self._listen()
                 self._readers[fid] = asyncio.create_task(self._read(fid))
             while self._stamps.get(fid) == seen:
                 event = self._changed.setdefault(fid, asyncio.Event())
@@ -60,8 +85,11 @@ class StampWatch:
 
     async def _read(self, fid: int) -> None:
         try:
+            poke = self._poked.setdefault(fid, asyncio.Event())
             while self._waiting[fid] > 0:
-                await asyncio.sleep(self.interval)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(poke.wait(), self.interval)
+                poke.clear()  # an announcement during the read below sets it again
                 try:
                     stamp = await run_in_threadpool(self.store.federation_stamp, fid, self.interval)
                 except Exception:  # a transient database error: the polls wait on, as they would
@@ -75,6 +103,7 @@ class StampWatch:
         finally:  # no poll waits any more (or the loop is shutting down)
             self._readers.pop(fid, None)
             self._stamps.pop(fid, None)
+            self._poked.pop(fid, None)
 
 
 class TaskPoll:
@@ -98,7 +127,11 @@ class TaskPoll:
         while True:
             stamp = await watch.stamp(fid)
             if stamp != seen:  # only a change of the federation can bring this client a new task
-                found = await run_in_threadpool(self.service.tasks.next_task, fid, client)
+                tasks = self.service.tasks
+                if tasks.idle.idle(fid, stamp, client.id):  # nothing under this stamp: no thread, no query
+                    found = None
+                else:
+                    found = await run_in_threadpool(tasks.next_task_at, fid, client, stamp)
                 if found is not None:
                     return found
                 seen = stamp

@@ -3,9 +3,11 @@ sample-weighted summary of their reports. No I/O."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from fedprompt.coordinator.errors import NotFound, ServiceError, revoked_client
 from fedprompt.shared import evalstats
 
 
@@ -23,6 +25,42 @@ def asked_to_evaluate(info: object, evaluators: int | None, rank: int | None) ->
     if isinstance(num_eval, int) and not isinstance(num_eval, bool) and num_eval <= 0:
         return False
     return evaluators is None or (rank is not None and rank < evaluators)
+
+
+@dataclass(frozen=True)
+class PendingReport:
+    """A client's evaluation report on its way into the database (see Uploads.report_evaluation)."""
+
+    version: int
+    client_id: int
+    num_samples: int
+    accuracy: float
+    loss: float | None
+    metrics: dict[str, Any]
+
+
+def check_reports(
+    items: Sequence[PendingReport],
+    latest: int,
+    revoked: set[int],
+    stored: set[tuple[int, int]],
+) -> list[bool | ServiceError]:
+    """Each report's answer within one batch: True (store it), False (this client already reported
+    this version: a repeat is a no-op), or why it is refused: a version that does not exist yet, or a
+    client revoked by the operator. `stored` holds the (version, client) pairs already reported and
+    grows with the ones accepted here, so a second report of the same pair in a batch is a repeat."""
+    out: list[bool | ServiceError] = []
+    for item in items:
+        if item.version < 0 or item.version > latest:
+            out.append(NotFound(f"prompt version {item.version} does not exist; the latest is {latest}"))
+        elif item.client_id in revoked:
+            out.append(revoked_client(item.client_id))
+        elif (item.version, item.client_id) in stored:
+            out.append(False)
+        else:
+            stored.add((item.version, item.client_id))
+            out.append(True)
+    return out
 
 
 def summarize_evaluations(version: int, rows: Iterable[Any]) -> dict[str, Any] | None:

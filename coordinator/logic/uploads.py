@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from fedprompt.coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound
+from fedprompt.coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound, revoked_client
 from fedprompt.coordinator.persistence.db import MAX_ID
 from fedprompt.shared import jsonlimits, wire
 from fedprompt.shared.contract import UploadReceipt
@@ -115,7 +115,7 @@ def check_update(
     if participant is None:
         raise Forbidden(f"client {cid} was not selected for round {number}")
     if participant.revoked_at is not None:  # revoked by another process, within its auth cache
-        raise Forbidden(f"client {cid} was revoked by the operator")
+        raise revoked_client(cid)
     if item.base_version is not None and item.base_version != str(current.base_version):
         raise Conflict(
             f"update was trained from prompt version {item.base_version}, but round {number} "

@@ -15,6 +15,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
+from sqlalchemy.exc import IntegrityError
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -71,3 +73,23 @@ class GroupCommit(Generic[T, R]):
         if slot.error is not None:
             raise slot.error
         return slot.result  # type: ignore[return-value]  # set by the committer wherever error is not
+
+
+def one_by_one_on_conflict(
+    write: Callable[[Sequence[T]], Sequence[R | BaseException]], items: Sequence[T]
+) -> list[R | BaseException]:
+    """A `write_batch` that writes the batch in one transaction, unless a unique constraint refuses
+    it (another process stored one of these clients' items meanwhile): then each item on its own, so
+    that only the conflicting one answers with the IntegrityError."""
+    try:
+        return list(write(items))
+    except IntegrityError as exc:
+        if len(items) == 1:
+            return [exc]
+    out: list[R | BaseException] = []
+    for item in items:
+        try:
+            out.extend(write([item]))
+        except IntegrityError as exc:
+            out.append(exc)
+    return out

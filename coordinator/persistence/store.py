@@ -8,18 +8,23 @@ closed exactly once, and an upload either lands in the round it was accepted for
 
 Kept in memory, per process: what never changes once written (validated specs, frozen prompt
 versions, the number of clients a round selected) and each federation's change stamp, which the
-long-polls of this process share.
+long-polls of this process share. A transaction that changes a federation's row tells this process's
+change listeners once it commits (`add_change_listener`), and on Postgres the other processes too,
+through NOTIFY (persistence/notify.py): the long-polls waiting on it look at once instead of at
+their next interval.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
-from fedprompt.coordinator.errors import Forbidden, Invalid, NotFound
+from fedprompt.coordinator.errors import Invalid, NotFound, revoked_client
 from fedprompt.coordinator.logic.evaluation import BEST_RULE, best_version, summarize_evaluations
 from fedprompt.coordinator.persistence.db import (
     MAX_ID,
@@ -33,10 +38,11 @@ from fedprompt.coordinator.persistence.db import (
     Round,
     Update,
 )
+from fedprompt.coordinator.persistence.downloadlog import DownloadLog
 from fedprompt.coordinator.persistence.writelock import WriteLock
 from fedprompt.shared.spec import FederationSpec
 from fedprompt.shared.vocab import RoundState
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, event, func, select
 from sqlalchemy.orm import Session, defer, sessionmaker
 
 # A poll does not write last_seen_at again within the federation's heartbeat interval
@@ -48,6 +54,18 @@ HEARTBEAT_MIN_INTERVAL_S = 5.0
 VERSION_CACHE_ENTRIES = 8
 
 Stamp = tuple[Any, ...]
+CHANNEL = "fedprompt_federation_changed"  # Postgres NOTIFY channel; the payload is the federation id
+CHANGED = "fedprompt_changed_federations"  # Session.info key: federation ids changed in the transaction
+log = logging.getLogger("fedprompt.coordinator")
+
+# The hot paths' statements, built once: a statement made per call costs its construction and its
+# cache key on every request (SQLAlchemy then finds the compiled form in its cache).
+_FED_ROW = select(Federation.id, Federation.state, Federation.current_round, Federation.latest_version).where(
+    Federation.id == bindparam("fid")
+)
+_STAMP = select(
+    Federation.state, Federation.current_round, Federation.latest_version, Federation.updated_at
+).where(Federation.id == bindparam("fid"))
 
 
 def no_federation(fid: int) -> NotFound:
@@ -76,6 +94,13 @@ class Store:
         self._stamps: dict[int, tuple[float, Stamp]] = {}  # fid -> (monotonic read time, stamp)
         self._stamps_lock = threading.Lock()
         self._best: dict[int, tuple[tuple[Any, ...], dict[str, Any] | None]] = {}  # fid -> (stamp, best)
+        self.downloads = DownloadLog(self.tx)  # participants' downloaded bytes, written behind
+        self._listeners: list[Callable[[int], None]] = []
+        self._listeners_lock = threading.Lock()
+        self.notify = bind is not None and bind.dialect.name == "postgresql"
+        event.listen(sessions, "after_flush", self._note_changes)
+        event.listen(sessions, "after_commit", self._tell_changes)
+        event.listen(sessions, "after_rollback", lambda s: s.info.pop(CHANGED, None))
 
     # -- transactions and rows ------------------------------------------------------------------
 
@@ -112,8 +137,7 @@ class Store:
 
     def fed_row(self, s: Session, fid: int) -> Any:
         """The federation's changing columns as a plain row (the hot paths' cheap read of it)."""
-        columns = (Federation.id, Federation.state, Federation.current_round, Federation.latest_version)
-        row = s.connection().execute(select(*columns).where(Federation.id == fid)).first()
+        row = s.connection().execute(_FED_ROW, {"fid": fid}).first()
         if row is None:
             raise no_federation(fid)
         return row
@@ -122,7 +146,7 @@ class Store:
         """Refuse (403) a client's write, in the write's own transaction, once the client is revoked: the
         authentication cache of this process may still hold a client revoked through another replica."""
         if s.scalar(select(Client.revoked_at).where(Client.id == client_id)) is not None:
-            raise Forbidden(f"client {client_id} was revoked by the operator")
+            raise revoked_client(client_id)
 
     def event(self, s: Session, fid: int, kind: str, message: str, round_number: int | None = None) -> None:
         """Add an entry to the federation's audit trail (in the caller's transaction)."""
@@ -294,6 +318,48 @@ class Store:
 
     # -- change stamps --------------------------------------------------------------------------
 
+    def add_change_listener(self, listener: Callable[[int], None]) -> None:
+        """Call `listener(fid)` (in the committing thread) after each commit that changed federation
+        fid's row, and for each change another process announced (on Postgres)."""
+        with self._listeners_lock:
+            self._listeners.append(listener)
+
+    def remove_change_listener(self, listener: Callable[[int], None]) -> None:
+        with self._listeners_lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+    def changed(self, fid: int) -> None:
+        """Federation fid's row changed (fid < 0: any may have): forget its cached stamp and tell
+        the listeners."""
+        with self._stamps_lock:  # after any read in flight stored what it saw
+            fids = list(self._stamps) if fid < 0 else [fid]
+            for one in fids:
+                self._stamps.pop(one, None)
+        with self._listeners_lock:
+            listeners = list(self._listeners)
+        for listener, one in itertools.product(listeners, fids):
+            try:
+                listener(one)
+            except Exception:  # a listener's failure must not fail the commit that is already done
+                log.exception("a change listener failed")
+
+    def _note_changes(self, s: Session, _context: Any) -> None:
+        """after_flush: remember the federations whose rows this flush changed (and NOTIFY on Postgres,
+        which delivers only if the transaction commits)."""
+        fids = {o.id for o in s.dirty if isinstance(o, Federation) and s.is_modified(o)}
+        if not fids:
+            return
+        s.info.setdefault(CHANGED, set()).update(fids)
+        if self.notify:
+            for fid in sorted(fids):
+                s.connection().execute(select(func.pg_notify(CHANNEL, str(fid))))
+
+    def _tell_changes(self, s: Session) -> None:
+        """after_commit: the changes are visible now; tell this process's listeners."""
+        for fid in sorted(s.info.pop(CHANGED, ())):
+            self.changed(fid)
+
     def _cached_stamp(self, fid: int, max_age: float) -> Stamp | None:
         """The federation's change stamp as this process last read it, if younger than max_age (no I/O)."""
         hit = self._stamps.get(fid)
@@ -307,14 +373,7 @@ class Store:
             stamp = self._cached_stamp(fid, max_age)
             if stamp is None:
                 with self.sessions() as s:
-                    row = s.execute(
-                        select(
-                            Federation.state,
-                            Federation.current_round,
-                            Federation.latest_version,
-                            Federation.updated_at,
-                        ).where(Federation.id == fid)
-                    ).first()
+                    row = s.connection().execute(_STAMP, {"fid": fid}).first()
                 stamp = tuple(row) if row is not None else ()
                 self._stamps[fid] = (time.monotonic(), stamp)
         return stamp

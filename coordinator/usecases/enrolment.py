@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fedprompt.coordinator.errors import Conflict, Forbidden, NotFound, Unauthorized
+from fedprompt.coordinator.errors import Conflict, Forbidden, NotFound, Unauthorized, revoked_client
 from fedprompt.coordinator.logic.tokens import hash_token, new_token
 from fedprompt.coordinator.persistence.db import Client, EnrollmentToken, Federation, RevokedSession
 from fedprompt.coordinator.persistence.store import Store
@@ -154,7 +154,7 @@ class Enrolment:
         if client.federation_id != fid:
             raise Forbidden(f"this client token belongs to federation {client.federation_id}, not {fid}")
         if client.revoked_at is not None:
-            raise Forbidden(f"client {client.id} was revoked by the operator")
+            raise revoked_client(client.id)
         return client
 
     def heartbeat_due(self, client: Client) -> bool:

@@ -41,7 +41,9 @@ class Reads:
         return [self.federation_status(fid) for fid in ids]
 
     def federation_status(self, fid: int) -> dict[str, Any]:
-        """State, round, clients, latest metrics and the communication ledger of one federation."""
+        """State, round, clients, latest metrics and the communication ledger of one federation (with
+        the downloaded bytes this process still holds written first)."""
+        self.store.downloads.flush()
         now = self.store.clock()
         with self.store.sessions() as s:
             fed = self.store.federation(s, fid)

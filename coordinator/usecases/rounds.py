@@ -77,6 +77,7 @@ class RoundCycle:
 
     def close_round(self, fid: int, number: int, *, by: str = "operator") -> dict[str, Any]:
         """Operator: aggregate the open round now with the updates that arrived (at least quorum)."""
+        self.store.downloads.flush()  # the round's traffic counts read them
         with self.store.tx() as s:
             fed = self.store.lock_federation(s, fid)
             rnd = self.store.open_round(s, fid)
@@ -98,7 +99,9 @@ class RoundCycle:
     # -- automatic ------------------------------------------------------------------------------
 
     def sweep(self) -> None:
-        """Enforce deadlines, close complete rounds and start due ones (run periodically by every process)."""
+        """Enforce deadlines, close complete rounds and start due ones (run periodically by every process);
+        write the downloaded bytes this process holds."""
+        self.store.downloads.flush()
         now = self.store.clock()
         with self.store.sessions() as s:
             live = (FederationState.WAITING, FederationState.RUNNING)
@@ -271,6 +274,7 @@ class RoundCycle:
 
     def _close_if_due(self, fid: int) -> None:
         """Close the open round if everyone uploaded or its deadline passed (fail it below quorum)."""
+        self.store.downloads.flush()  # the round's traffic counts read them
         with self.store.tx() as s:
             fed = self.store.lock_federation(s, fid)
             rnd = self.store.open_round(s, fid)

@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 import numpy as np
-from fedprompt.coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound
+from fedprompt.coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound, revoked_client
 from fedprompt.coordinator.logic import secagg as rules
 from fedprompt.coordinator.logic.aggregation import AggregationError
 from fedprompt.coordinator.logic.round_states import STAGE_START, STAGES, StageEvent, stage_after
@@ -462,7 +462,7 @@ class SecureRounds:
         if rnd is None or rnd.number != number:
             raise Gone(f"round {number} is not open" + (f"; round {rnd.number} is" if rnd else ""))
         if s.scalar(select(Client.revoked_at).where(Client.id == client.id)) is not None:
-            raise Forbidden(f"client {client.id} was revoked by the operator")
+            raise revoked_client(client.id)
         selected = s.scalar(
             select(Participant.id).where(Participant.round_id == rnd.id, Participant.client_id == client.id)
         )

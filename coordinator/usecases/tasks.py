@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -17,13 +18,78 @@ from fedprompt.coordinator.persistence.db import (
     ServerOptimizerState,
     Update,
 )
-from fedprompt.coordinator.persistence.store import Store
+from fedprompt.coordinator.persistence.store import Stamp, Store
 from fedprompt.coordinator.usecases.secagg import SecureRounds
 from fedprompt.shared import drift, wire
 from fedprompt.shared.spec import FederationSpec
 from fedprompt.shared.vocab import FederationState, RoundState, SecureStage, TaskKind
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import and_, bindparam, func, select
 from sqlalchemy.orm import Session
+
+# The poll's statements, built once (see store.py's _FED_ROW).
+_OPEN_ROUND = select(Round.id, Round.number, Round.attempt, Round.base_version, Round.deadline_at).where(
+    Round.federation_id == bindparam("fid"), Round.state == RoundState.OPEN
+)
+_EVALUATED = (
+    select(Evaluation.id)
+    .where(
+        Evaluation.federation_id == bindparam("fid"),
+        Evaluation.version == bindparam("version"),
+        Evaluation.client_id == bindparam("client"),
+    )
+    .limit(1)
+)
+_PENDING = (  # selected for the round and not uploaded yet
+    select(Participant.id)
+    .outerjoin(
+        Update, and_(Update.round_id == Participant.round_id, Update.client_id == Participant.client_id)
+    )
+    .where(
+        Participant.round_id == bindparam("round"),
+        Participant.client_id == bindparam("client"),
+        Update.id.is_(None),
+    )
+)
+
+
+class IdleClients:
+    """Per federation, the clients whose next task was nothing under the federation's current change
+    stamp (Store.federation_stamp). Every change that can give a client a task moves the stamp (a
+    round opening or retried, a version made, a secure round's next stage, the federation's state)
+    and is announced (Store.changed: this process's commits, other processes' through NOTIFY), which
+    drops the federation's marks, so until then such a client's poll is answered without a query.
+    The clients' own writes come after the tasks that asked for them, never after a poll that found
+    nothing."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._marks: dict[int, tuple[Stamp, set[int]]] = {}  # fid -> (stamp, idle client ids)
+        self._generation: dict[int, int] = {}  # fid -> announced changes so far
+
+    def generation(self, fid: int) -> int:
+        """Read before a query whose answer may be marked: a change announced meanwhile voids the mark."""
+        with self._lock:
+            return self._generation.get(fid, 0)
+
+    def idle(self, fid: int, stamp: Stamp, client_id: int) -> bool:
+        with self._lock:
+            held = self._marks.get(fid)
+            return held is not None and held[0] == stamp and client_id in held[1]
+
+    def mark(self, fid: int, stamp: Stamp, client_id: int, generation: int) -> None:
+        with self._lock:
+            if self._generation.get(fid, 0) != generation:  # a change was announced since the query
+                return
+            held = self._marks.get(fid)
+            if held is None or held[0] != stamp:  # a new stamp: the marks of the last one no longer hold
+                held = self._marks[fid] = (stamp, set())
+            held[1].add(client_id)
+
+    def forget(self, fid: int) -> None:
+        """A change of the federation was announced: no mark of it holds any more."""
+        with self._lock:
+            self._generation[fid] = self._generation.get(fid, 0) + 1
+            self._marks.pop(fid, None)
 
 
 class Tasks:
@@ -32,6 +98,8 @@ class Tasks:
     def __init__(self, store: Store, secure: SecureRounds | None = None) -> None:
         self.store = store
         self.secure = secure or SecureRounds(store)
+        self.idle = IdleClients()
+        store.add_change_listener(self.idle.forget)
 
     def get_prompt(self, fid: int, version: str | int, *, client: Client | None = None) -> PromptVersion:
         """A prompt version's blob ('latest' or a number); counts a participant's download."""
@@ -94,11 +162,20 @@ class Tasks:
         return None if part is None or part.downloaded_bytes >= size else part.id
 
     def _record_download(self, record: int | None, size: int) -> None:
-        """Write the figure, only when it grows (a read otherwise)."""
-        if record is None:
-            return
-        with self.store.tx() as s:
-            s.execute(update(Participant).where(Participant.id == record).values(downloaded_bytes=size))
+        """Hand the figure to the download log (written behind: it acknowledges nothing)."""
+        if record is not None:
+            self.store.downloads.record(record, size)
+
+    def next_task_at(self, fid: int, client: Client, stamp: Stamp) -> dict[str, Any] | None:
+        """`next_task`, when the federation's change stamp is `stamp` (read before this call): a
+        client that found nothing under the same stamp finds nothing again, without a query."""
+        if self.idle.idle(fid, stamp, client.id):
+            return None
+        generation = self.idle.generation(fid)
+        found = self.next_task(fid, client)
+        if found is None:
+            self.idle.mark(fid, stamp, client.id, generation)
+        return found
 
     def next_task(self, fid: int, client: Client) -> dict[str, Any] | None:
         """What this client should do now: answer a secure round's keys, shares or unmasking stage
@@ -109,11 +186,7 @@ class Tasks:
             fed = self.store.fed_row(s, fid)
             spec = self.store.spec(s, fid)
             latest = fed.latest_version
-            rnd = c.execute(
-                select(Round.id, Round.number, Round.attempt, Round.base_version, Round.deadline_at).where(
-                    Round.federation_id == fid, Round.state == RoundState.OPEN
-                )
-            ).first()
+            rnd = c.execute(_OPEN_ROUND, {"fid": fid}).first()
             step = None  # a secure round's stage for this client: its stage decides, uploaded or not
             if spec.secure_aggregation is not None and rnd is not None:
                 step = self.secure.task(s, fid, rnd, client.id, spec)
@@ -122,15 +195,7 @@ class Tasks:
             if evaluation_due(latest, eval_every=spec.eval_every, rounds=spec.rounds) and asked_to_evaluate(
                 client.info, spec.evaluators, self._rank(c, fid, client.id) if spec.evaluators else None
             ):
-                evaluated = c.scalar(
-                    select(Evaluation.id)
-                    .where(
-                        Evaluation.federation_id == fid,
-                        Evaluation.version == latest,
-                        Evaluation.client_id == client.id,
-                    )
-                    .limit(1)
-                )
+                evaluated = c.scalar(_EVALUATED, {"fid": fid, "version": latest, "client": client.id})
                 if evaluated is None:
                     return {
                         "kind": TaskKind.EVALUATE,
@@ -139,20 +204,7 @@ class Tasks:
                         "sha256": self.store.version_sha(s, fed, latest),
                     }
             if rnd is not None:
-                pending = c.scalar(  # selected for the round and not uploaded yet
-                    select(Participant.id)
-                    .outerjoin(
-                        Update,
-                        and_(
-                            Update.round_id == Participant.round_id, Update.client_id == Participant.client_id
-                        ),
-                    )
-                    .where(
-                        Participant.round_id == rnd.id,
-                        Participant.client_id == client.id,
-                        Update.id.is_(None),
-                    )
-                )
+                pending = c.scalar(_PENDING, {"round": rnd.id, "client": client.id})
                 if spec.secure_aggregation is not None:
                     if step is not None:  # train, then upload a masked vector
                         return {

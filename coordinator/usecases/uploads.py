@@ -14,8 +14,14 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from fedprompt.coordinator.errors import Invalid, NotFound, ServiceError
-from fedprompt.coordinator.logic.evaluation import one_class, predicted_share, summarize_evaluations
+from fedprompt.coordinator.errors import Invalid, ServiceError
+from fedprompt.coordinator.logic.evaluation import (
+    PendingReport,
+    check_reports,
+    one_class,
+    predicted_share,
+    summarize_evaluations,
+)
 from fedprompt.coordinator.logic.uploads import (
     PendingUpload,
     Selection,
@@ -34,15 +40,13 @@ from fedprompt.coordinator.persistence.db import (
     Round,
     Update,
 )
-from fedprompt.coordinator.persistence.groupcommit import GroupCommit
+from fedprompt.coordinator.persistence.groupcommit import GroupCommit, one_by_one_on_conflict
 from fedprompt.coordinator.persistence.store import Store, no_federation
 from fedprompt.coordinator.usecases.secagg import SecureRounds
 from fedprompt.shared import evalstats, wire
 from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import defer
-
-Outcome = UploadResult | ServiceError | IntegrityError
 
 
 class Uploads:
@@ -52,6 +56,7 @@ class Uploads:
         self.store = store
         self.secure = secure or SecureRounds(store)
         self._batchers: dict[int, GroupCommit[PendingUpload, UploadResult]] = {}  # fid -> its group commit
+        self._report_batchers: dict[int, GroupCommit[PendingReport, bool]] = {}  # fid -> evaluation reports
 
     def upload(self, fid: int, number: int, client: Client, body: bytes) -> UploadResult:
         """Accept a client's update for a round: validated fully before anything is stored, then
@@ -71,28 +76,18 @@ class Uploads:
         )
         batcher = self._batchers.get(fid)
         if batcher is None:
-            batcher = self._batchers.setdefault(fid, GroupCommit(functools.partial(self._store_updates, fid)))
+            batcher = self._batchers.setdefault(
+                fid,
+                GroupCommit(
+                    functools.partial(
+                        one_by_one_on_conflict, functools.partial(self._store_update_batch, fid)
+                    )
+                ),
+            )
         try:
             return batcher.submit(pending)
         except IntegrityError:  # the same client's concurrent upload for this round committed first
             return self._concurrent_upload(fid, number, client, digest)
-
-    def _store_updates(self, fid: int, items: Sequence[PendingUpload]) -> list[Outcome]:
-        """Store a batch of validated updates in one transaction; each item's answer, or why not."""
-        try:
-            return list(self._store_update_batch(fid, items))
-        except IntegrityError as exc:
-            if len(items) == 1:
-                return [exc]
-        # another process stored an update of one of these clients meanwhile: each on its own,
-        # so that only that one answers with the conflict
-        out: list[Outcome] = []
-        for item in items:
-            try:
-                out.extend(self._store_update_batch(fid, [item]))
-            except IntegrityError as exc:
-                out.append(exc)
-        return out
 
     def _store_update_batch(
         self, fid: int, items: Sequence[PendingUpload]
@@ -194,43 +189,80 @@ class Uploads:
         raise no_replacing(client.id, number)
 
     def report_evaluation(self, fid: int, version: int, client: Client, payload: dict[str, Any]) -> bool:
-        """Store a client's evaluation of a prompt version; a repeat is a no-op. True if stored."""
+        """Store a client's evaluation of a prompt version; a repeat is a no-op. True if stored.
+
+        Committed like uploads: the reports arriving meanwhile are stored together in one short
+        transaction (a thousand clients report each new version within seconds), each with its own
+        answer, and none answered before its batch committed."""
+        pending = PendingReport(
+            version=version,
+            client_id=client.id,
+            num_samples=int(payload["num_samples"]),
+            accuracy=float(payload["accuracy"]),
+            loss=None if payload.get("loss") is None else float(payload["loss"]),
+            metrics=payload.get("metrics") or {},
+        )
+        batcher = self._report_batchers.get(fid)
+        if batcher is None:
+            batcher = self._report_batchers.setdefault(
+                fid,
+                GroupCommit(
+                    functools.partial(one_by_one_on_conflict, functools.partial(self._store_reports, fid))
+                ),
+            )
         try:
-            with self.store.tx() as s:  # column reads and a Core insert: short, like an upload's
-                latest = s.scalar(select(Federation.latest_version).where(Federation.id == fid))
-                if latest is None:
-                    raise no_federation(fid)
-                if version < 0 or version > latest:
-                    raise NotFound(f"prompt version {version} does not exist; the latest is {latest}")
-                # re-checked here like an upload's: a client revoked through another process is
-                # still in this one's authentication cache, and reports feed the dashboard's accuracy
-                self.store.require_active(s, client.id)
-                exists = s.scalar(
-                    select(Evaluation.id).where(
-                        Evaluation.federation_id == fid,
-                        Evaluation.version == version,
-                        Evaluation.client_id == client.id,
-                    )
-                )
-                if exists is not None:
-                    return False
-                s.execute(
-                    insert(Evaluation).values(
-                        federation_id=fid,
-                        version=version,
-                        client_id=client.id,
-                        num_samples=int(payload["num_samples"]),
-                        accuracy=float(payload["accuracy"]),
-                        loss=None if payload.get("loss") is None else float(payload["loss"]),
-                        metrics=payload.get("metrics") or {},
-                        created_at=self.store.clock(),
-                    )
-                )
-        except IntegrityError:  # the same client's concurrent report committed first
+            stored = batcher.submit(pending)
+        except (
+            IntegrityError
+        ):  # the same client's concurrent report (through another process) committed first
             return False
-        if one_class(evalstats.read_confusion(payload.get("metrics"))):
+        if stored and one_class(evalstats.read_confusion(payload.get("metrics"))):
             self._flag_collapse(fid, version)
-        return True
+        return stored
+
+    def _store_reports(self, fid: int, items: Sequence[PendingReport]) -> list[bool | ServiceError]:
+        """The checks and the insert of a batch of reports in one transaction: three column reads for
+        the whole batch and one multi-row insert. The clients' standing is re-checked here, like an
+        upload's: a client revoked through another process is still in this one's authentication
+        cache, and reports feed the dashboard's accuracy."""
+        clients = {i.client_id for i in items}
+        with self.store.tx() as s:
+            c = s.connection()
+            latest = c.scalar(select(Federation.latest_version).where(Federation.id == fid))
+            if latest is None:
+                return [no_federation(fid) for _ in items]
+            revoked = set(
+                c.scalars(select(Client.id).where(Client.id.in_(clients), Client.revoked_at.is_not(None)))
+            )
+            stored = {
+                (row.version, row.client_id)
+                for row in c.execute(
+                    select(Evaluation.version, Evaluation.client_id).where(
+                        Evaluation.federation_id == fid,
+                        Evaluation.version.in_({i.version for i in items}),
+                        Evaluation.client_id.in_(clients),
+                    )
+                )
+            }
+            out = check_reports(items, latest, revoked, stored)
+            now = self.store.clock()
+            rows = [
+                {
+                    "federation_id": fid,
+                    "version": item.version,
+                    "client_id": item.client_id,
+                    "num_samples": item.num_samples,
+                    "accuracy": item.accuracy,
+                    "loss": item.loss,
+                    "metrics": item.metrics,
+                    "created_at": now,
+                }
+                for item, answer in zip(items, out, strict=True)
+                if answer is True
+            ]
+            if rows:
+                c.execute(insert(Evaluation), rows)
+        return out
 
     def _flag_collapse(self, fid: int, version: int) -> None:
         """Record a 'version_collapsed' event once the reports on a version, summed, show a constant

@@ -58,3 +58,23 @@ def test_a_short_answer_is_an_error_not_a_silent_success() -> None:
     gc: GroupCommit[int, int] = GroupCommit(lambda items: [])
     with pytest.raises(RuntimeError, match="answered 0 of 1"):
         gc.submit(1)
+
+
+def test_a_batch_refused_by_a_unique_constraint_is_written_one_by_one() -> None:
+    from fedprompt.coordinator.persistence.groupcommit import one_by_one_on_conflict
+    from sqlalchemy.exc import IntegrityError
+
+    taken = {3}  # stored by another process meanwhile
+    calls: list[list[int]] = []
+
+    def write(items: Sequence[int]) -> list[int | BaseException]:
+        calls.append(list(items))
+        if taken & set(items):
+            raise IntegrityError("INSERT", {}, Exception("unique"))
+        return [i * 10 for i in items]
+
+    out = one_by_one_on_conflict(write, [1, 3, 5])
+    assert out[0] == 10 and out[2] == 50 and isinstance(out[1], IntegrityError)
+    assert calls == [[1, 3, 5], [1], [3], [5]]
+    assert isinstance(one_by_one_on_conflict(write, [3])[0], IntegrityError)
+    assert one_by_one_on_conflict(write, [2, 4]) == [20, 40]

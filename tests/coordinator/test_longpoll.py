@@ -18,10 +18,24 @@ class FakeStamps:
         self.reads = 0
         self.lock = threading.Lock()
 
+        self.listeners: list[Any] = []
+
     def federation_stamp(self, fid: int, max_age: float) -> tuple[Any, ...]:
         with self.lock:
             self.reads += 1
         return self.value[fid]
+
+    def add_change_listener(self, listener: Any) -> None:
+        self.listeners.append(listener)
+
+    def remove_change_listener(self, listener: Any) -> None:
+        self.listeners.remove(listener)
+
+    def change(self, fid: int, stamp: tuple[Any, ...]) -> None:
+        """A commit (in another thread) announcing the change, as Store.changed does."""
+        self.value[fid] = stamp
+        for listener in list(self.listeners):
+            listener(fid)
 
 
 def test_many_waiters_share_one_reader_and_all_wake_on_a_change() -> None:
@@ -46,6 +60,31 @@ def test_many_waiters_share_one_reader_and_all_wake_on_a_change() -> None:
     # the bound leaves room for a loaded machine
     assert woke < 5
     assert watch._readers == {} and watch._stamps == {}  # the reader stopped with its last waiter
+
+
+def test_an_announced_change_wakes_the_waiters_before_the_reader_s_interval() -> None:
+    fake = FakeStamps()
+    watch = StampWatch(fake, interval=60)  # type: ignore[arg-type]  # no timed read during the test
+
+    async def scenario() -> tuple[float, int]:
+        seen = await watch.stamp(1)
+        waiters = [asyncio.create_task(watch.wait_change(1, seen, timeout=30)) for _ in range(5)]
+        await asyncio.sleep(0.2)
+        assert not any(w.done() for w in waiters) and len(fake.listeners) == 1
+        reads = fake.reads
+        changed = time.monotonic()
+        announcer = threading.Thread(target=fake.change, args=(1, ("running", 1, 1)))
+        announcer.start()
+        await asyncio.gather(*waiters)
+        announcer.join()
+        return time.monotonic() - changed, fake.reads - reads
+
+    woke, reads = asyncio.run(scenario())
+    assert woke < 20  # the announcement, not the 60 s interval nor the 30 s timeout, ended the wait
+    assert reads == 1  # one read of the stamp for all five waiters
+    # an announcement after the loop closed unregisters the watch instead of failing the commit
+    fake.change(1, ("running", 1, 2))
+    assert fake.listeners == []
 
 
 def test_a_wait_ends_at_its_timeout_and_other_federations_are_separate() -> None:

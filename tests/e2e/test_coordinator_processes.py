@@ -22,7 +22,7 @@ from fedprompt.coordinator.persistence.db import (
 from fedprompt.shared import wire
 from fedprompt.shared.client import CoordinatorClient
 from fedprompt.shared.contract import DoneTask, EvaluateTask
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from tests.helpers import ADMIN, coordinator_process, update_blob
 
@@ -134,6 +134,83 @@ def test_two_replicas_on_one_database_aggregate_each_round_exactly_once(db_url: 
             for name in expected:
                 np.testing.assert_allclose(got[name], expected[name], rtol=1e-6, atol=1e-7)
     engine.dispose()
+
+
+def _drop_listen_connection(db_url: str, pid: int) -> int:
+    """Terminate the LISTEN connection of coordinator process `pid`, as a network fault would."""
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        dropped = conn.execute(
+            text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = :name"
+            ),
+            {"name": f"fedprompt-listen-{pid}"},
+        ).scalar_one()
+    engine.dispose()
+    return int(dropped)
+
+
+@pytest.mark.parametrize("dropped", [False, True], ids=["announced", "announcement-missed"])
+@pytest.mark.postgres
+def test_a_change_made_by_one_replica_reaches_a_poll_waiting_on_another(
+    pg_url: str, tmp_path: Path, dropped: bool
+) -> None:
+    """A client long-polls replica B for its next task while the operator closes round 1 through
+    replica A, whose sweep then opens round 2. B hears of it through Postgres NOTIFY, long before its own stamp reader's
+    interval (30 s here) would look; with B's announcements' connection dropped just before, B still
+    delivers the task, within its interval (3 s here) at most."""
+    interval = "3" if dropped else "30"
+    spec = {
+        "name": "announce",
+        "num_virtual_tokens": 4,
+        "hidden_size": 8,
+        "rounds": 2,
+        "fraction": 1.0,
+        "min_clients": 2,
+        "expected_clients": 2,
+        "quorum": 1,
+        "round_deadline_s": 600,
+    }
+    # B never sweeps after its start: round 2 is opened by A (clients without test data: no evaluations)
+    b_env = {"FEDPROMPT_LONG_POLL_INTERVAL_S": interval, "FEDPROMPT_SWEEP_INTERVAL_S": "3600"}
+    with (
+        coordinator_process(pg_url, tmp_path) as (url_a, _),
+        coordinator_process(pg_url, tmp_path, extra_env=b_env) as (url_b, proc_b),
+    ):
+        admin = CoordinatorClient(url_a, ADMIN)
+        fid = admin.create_federation(spec).id
+        token = admin.create_enrollment_token(fid)
+        creds = [
+            CoordinatorClient(url_a)
+            .enroll(fid, token, name=f"c{i}", num_samples=10, info={"num_eval": 0})
+            .token
+            for i in range(2)
+        ]
+        on_a, on_b = (
+            CoordinatorClient(url_a, creds[0], timeout=120),
+            CoordinatorClient(url_b, creds[0], timeout=120),
+        )
+        task = on_a.task(fid, wait=30)  # round 1 opens (A's sweep) with both clients selected
+        assert task is not None and task.kind == "train"
+        status, _ = on_a.upload(
+            fid, task.round, update_blob(spec, 1, num_samples=10, base_version=task.version)
+        )
+        assert status == 201
+        assert on_b.task(fid, wait=0) is None  # uploaded; the round waits for the other client
+        if dropped:
+            assert _drop_listen_connection(pg_url, proc_b.pid) == 1
+        got: list[Any] = []
+        waiting = threading.Thread(target=lambda: got.append((on_b.task(fid, wait=60), time.monotonic())))
+        waiting.start()
+        time.sleep(1.0)  # the poll waits on B
+        closed_at = time.monotonic()
+        admin.close_round(fid, 1)  # through A: version 1 is made there, and round 2 opens
+        waiting.join(90)
+        (found, at) = got[0]
+        assert found is not None and found.kind == "train" and (found.round, found.version) == (2, 1)
+        assert at - closed_at < 20 if not dropped else at - closed_at < 3 + 15  # 15 s: a loaded machine
+        for c in (admin, on_a, on_b):
+            c.close()
 
 
 def test_kill_9_after_acknowledged_uploads_loses_nothing(tmp_path: Path) -> None:

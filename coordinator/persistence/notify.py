@@ -1,0 +1,85 @@
+"""Announcements between coordinator processes sharing one Postgres database (LISTEN/NOTIFY).
+
+A transaction that changes a federation's row sends `NOTIFY fedprompt_federation_changed, '<id>'`
+(Store._note_changes; Postgres delivers it only if the transaction commits). Each process holds one
+connection listening on that channel, in a thread of its own, and hands every announcement to
+`Store.changed`: the long-polls waiting on that federation look at its stamp at once instead of at
+their next interval. An announcement missed while the connection was down costs one interval
+(the readers keep reading every interval); after reconnecting, every federation is announced, in
+case one changed meanwhile. SQLite has no replicas: one process, whose own commits are announced
+in-process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+
+import psycopg
+from fedprompt.coordinator.persistence.store import CHANNEL
+from sqlalchemy.engine import URL
+
+log = logging.getLogger("fedprompt.coordinator")
+
+EVERY = -1  # passed to on_change after a reconnection: any federation may have changed
+
+
+def conninfo(url: URL) -> str:
+    """A libpq URI for psycopg from the engine's SQLAlchemy URL (its driver name dropped)."""
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class ChangeListener:
+    """A thread that LISTENs for announced federation changes and calls `on_change(fid)`."""
+
+    def __init__(
+        self, url: URL, on_change: Callable[[int], None], *, poll_s: float = 1.0, retry_s: float = 1.0
+    ) -> None:
+        self._conninfo, self._on_change = conninfo(url), on_change
+        self.poll_s, self.retry_s = poll_s, retry_s
+        self._stop = threading.Event()
+        self.connected = threading.Event()  # set while the LISTEN connection is up
+        self.connection: psycopg.Connection | None = None  # the live one (tests drop it)
+        self._thread = threading.Thread(target=self._run, name="fedprompt-listen", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        first = True
+        while not self._stop.is_set():
+            try:
+                name = f"fedprompt-listen-{os.getpid()}"  # which process's it is, in pg_stat_activity
+                with psycopg.connect(self._conninfo, autocommit=True, application_name=name) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    self.connection = conn
+                    self.connected.set()
+                    if not first:  # announcements may have been missed while it was down
+                        self._on_change(EVERY)
+                    first = False
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=self.poll_s):
+                            self._announce(note.payload)
+            except psycopg.Error as exc:
+                if self._stop.is_set():
+                    break
+                log.warning(
+                    "the change announcements' connection failed (%s); reconnecting", type(exc).__name__
+                )
+            finally:
+                self.connected.clear()
+                self.connection = None
+            self._stop.wait(self.retry_s)
+
+    def _announce(self, payload: str) -> None:
+        try:
+            fid = int(payload)
+        except ValueError:
+            return  # not ours
+        self._on_change(fid)
