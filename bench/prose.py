@@ -41,8 +41,9 @@ BLOCK_FILES = {name: file for name, (file, _) in TABLES.items()}
 THRESHOLDS = {
     floors.COMM_FLOOR,
     floors.FEDAVG_FLOOR,
-    floors.UPLOAD_FLOOR,
-    floors.DELIVERY_FLOOR,
+    floors.CPU_PER_REQUEST_MS,
+    floors.DELIVERY_P99_S,
+    floors.ROUNDS_PER_MIN,
     floors.WORKER_FLOOR,
     float(floors.FEDAVG_K),
     float(floors.INGEST_K),

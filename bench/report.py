@@ -184,22 +184,34 @@ def ingest_repeats_table(doc: dict[str, Any]) -> str:
     """Per grid point and system: medians over the repeats with their spread, the coordinator's
     ratios to the null app of the same repeat, the generator's limits and the load."""
     lines = [
-        "| K | C | prompt | system | runs | errors | upload p50 | upload p99 | ÷ null p99 (same repeat) "
-        "| train-task delivery p99 | ÷ null | uploads/s | server CPU s | peak RSS | generator CPU s / loop lag p99 / ramp "
-        "| load (1 min) start–end |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| K | C | prompt | system | runs | errors | CPU per request | rounds/min | upload p50 | upload p99 "
+        "| ÷ null p99 (same repeat) | train-task delivery p99 | ÷ null | ÷ previous build (same repeat): CPU per "
+        "request / delivery p99 / rounds per min | uploads/s | server CPU s | peak RSS "
+        "| generator CPU s / loop lag p99 / ramp | load (1 min) start–end |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in doc["points"]:
         for name, cell in p["summary"].items():
             v = cell.get("vs_null", {})
+            b = cell.get("vs_previous", {})
             loads = cell["loadavg_start"]["values"] + cell["loadavg_end"]["values"]
             load = f"{min(loads):.1f}–{max(loads):.1f}" if loads else "–"
+            previous = (
+                f"{_mid(b.get('cpu_ms_per_request', {}), _x())} / {_mid(b.get('train_delivery_p99', {}), _x())} "
+                f"/ {_mid(b.get('rounds_per_min', {}), _x())}"
+                if b
+                else "–"
+            )
+            label = "null app" if name == "null" else name.replace("@previous", " (previous build)")
             lines.append(
-                f"| {p['k']:,} | {p['c']} | 20×{p['hidden']} | {name if name != 'null' else 'null app'} "
+                f"| {p['k']:,} | {p['c']} | 20×{p['hidden']} | {label} "
                 f"| {cell['upload_p99']['n']} | **{int(sum(cell['errors']['values']))}** "
+                f"| {_mid(cell.get('cpu_ms_per_request', {}), _num('{:.2f} ms'))} "
+                f"| {_mid(cell['rounds_per_min'], _num('{:.1f}'))} "
                 f"| {_mid(cell['upload_p50'], _ms)} | {_mid(cell['upload_p99'], _ms)} "
                 f"| {_mid(v.get('upload_p99', {}), _x())} | {_mid(cell['train_delivery_p99'], _ms)} "
-                f"| {_mid(v.get('train_delivery_p99', {}), _x())} | {_mid(cell['uploads_per_s'], _num('{:.0f}'))} "
+                f"| {_mid(v.get('train_delivery_p99', {}), _x())} | {previous} "
+                f"| {_mid(cell['uploads_per_s'], _num('{:.0f}'))} "
                 f"| {_mid(cell['cpu_s'], _num('{:.1f}'))} | {_mid(cell['peak_rss_mib'], _num('{:.0f} MiB'))} "
                 f"| {_mid(cell['generator_cpu_s'], _num('{:.1f}'))} / {_mid(cell['generator_lag_p99'], _ms)} "
                 f"/ {_mid(cell['generator_ramp_s'], _ms)} | {load} |"
@@ -208,7 +220,8 @@ def ingest_repeats_table(doc: dict[str, Any]) -> str:
     lines += [
         "",
         "Cells: median over the repeats (min–max). The order of the systems rotates from repeat to repeat; "
-        "each ratio is to the null app of the same repeat.",
+        "each ratio is to the null app, or to the previous build's coordinator on the same backend, of the "
+        "same repeat. CPU per request: the coordinator's CPU seconds over the run ÷ the requests it answered.",
         "",
         f"{s['rounds']} rounds per federation; each simulated worker trains for a random 0–{s['train_s']} s; "
         f"long-poll wait {s['wait']} s; {s['repeats']} repeats.",

@@ -21,54 +21,60 @@ def test_verdict_needs_three_repeats_and_every_one_to_call_a_floor_met() -> None
     assert floors.verdict([], _meets, repeated=True) == "no result"
 
 
-def _run(p99: float, delivery: float, errors: int = 0, load: float = 1.0) -> dict:
+def _run(cpu_ms: float, delivery: float, rounds: float, errors: int = 0, load: float = 1.0) -> dict:
     return {
-        "upload_s": {"p99": p99},
+        "cpu_ms_per_request": cpu_ms,
         "train_delivery_s": {"p99": delivery},
+        "rounds_per_min": rounds,
         "errors": errors,
         "loadavg_start": [load, 0.0, 0.0],
         "loadavg_end": [load + 0.5, 0.0, 0.0],
     }
 
 
-def _ingest_doc(rows: list[tuple[float, float, float, float, int]]) -> dict:
-    """(null p99, sqlite p99, null delivery, sqlite delivery, sqlite errors) per repeat."""
+def _ingest_doc(rows: list[tuple[float, float, float, int]], previous: bool = True) -> dict:
+    """Per repeat, this build's sqlite (CPU ms per request, delivery p99 s, rounds/min, errors); the
+    previous build took twice the CPU and delivery time and half the rounds; the null app 0.3 ms,
+    1 s and 9 rounds a minute."""
     repeats = []
-    for i, (n99, s99, nd, sd, err) in enumerate(rows):
-        null, row = _run(n99, nd, load=1.0 + i), _run(s99, sd, err, load=1.0 + i)
-        row["vs_null"] = {"upload_p99": s99 / n99, "train_delivery_p99": sd / nd}
-        repeats.append({"repeat": i, "runs": {"null": null, "sqlite": row}})
+    for i, (cpu, delivery, rounds, err) in enumerate(rows):
+        row = _run(cpu, delivery, rounds, err, load=1.0 + i)
+        runs = {"null": _run(0.3, 1.0, 9.0, load=1.0 + i), "sqlite": row}
+        if previous:
+            runs["sqlite@previous"] = _run(2 * cpu, 2 * delivery, rounds / 2, load=1.0 + i)
+            row["vs_previous"] = {"cpu_ms_per_request": 0.5, "train_delivery_p99": 0.5, "rounds_per_min": 2.0}
+        repeats.append({"repeat": i, "runs": runs})
     point = {"k": 1000, "c": 1.0, "hidden": 384, "repeats": repeats}
-    return {"settings": {"backends": ["sqlite"]}, "points": [point], "machine": {"loadavg": [3.0, 0, 0]}}
+    settings = {"backends": ["sqlite"], "previous": {"commit": "abc1234"} if previous else None}
+    return {"settings": settings, "points": [point], "machine": {"loadavg": [3.0, 0, 0]}}
 
 
-def test_ingest_floors_are_same_repeat_ratios_with_their_spread() -> None:
-    doc = _ingest_doc([(0.2, 0.24, 10.0, 11.0, 0), (1.0, 1.3, 12.0, 13.0, 0), (0.5, 0.6, 11.0, 12.0, 0)])
-    upload, delivery = floors.ingest_floors(doc)
-    assert upload.ratio == 1.2 and upload.spread == (1.2, 1.3)
-    assert upload.status == "met (3 of 3 repeats)" and upload.runs == "3 repeats"
-    assert upload.figure == "p99 600 ms, errors 0" and upload.baseline == "null app p99 500 ms"
-    assert upload.load == "1.0–3.5"
-    assert delivery.status == "met (3 of 3 repeats)" and delivery.spread[1] < 1.2
+def test_ingest_floors_are_absolute_with_the_previous_build_s_ratio_and_the_null_app_beside() -> None:
+    doc = _ingest_doc([(1.2, 4.0, 7.0, 0), (1.4, 4.5, 6.5, 0), (1.3, 3.0, 8.0, 0)])
+    cpu, delivery, rounds = floors.ingest_floors(doc)
+    assert cpu.status == "met (3 of 3 repeats)" and cpu.runs == "3 repeats"
+    assert cpu.figure == "1.30 ms, errors 0"
+    assert cpu.baseline == "previous build (abc1234) 2.60 ms; null app 0.30 ms"
+    assert cpu.ratio == 0.5 and cpu.spread == (0.5, 0.5) and cpu.load == "1.0–3.5"
+    assert delivery.status == "met (3 of 3 repeats)" and delivery.figure == "4.00 s, errors 0"
+    assert rounds.status == "met (3 of 3 repeats)" and rounds.ratio == 2.0
+    assert rounds.baseline.startswith("previous build (abc1234) 3.5 rounds/min")
 
 
-def test_an_error_fails_its_repeat_whatever_the_latency() -> None:
-    doc = _ingest_doc([(0.2, 0.24, 10.0, 11.0, 0), (1.0, 1.3, 12.0, 13.0, 2), (0.5, 0.6, 11.0, 15.0, 0)])
-    upload, delivery = floors.ingest_floors(doc)
-    assert upload.status == "median met, 2 of 3 repeats" and "errors 2" in upload.figure
-    assert delivery.status == "median met, 2 of 3 repeats"
+def test_an_error_fails_its_repeat_whatever_the_figures() -> None:
+    doc = _ingest_doc([(1.2, 4.0, 7.0, 0), (1.4, 4.5, 6.5, 2), (1.3, 6.0, 5.0, 0)])
+    cpu, delivery, rounds = floors.ingest_floors(doc)
+    assert cpu.status == "median met, 2 of 3 repeats" and "errors 2" in cpu.figure
+    assert delivery.status == "not met (1 of 3 repeats)"  # 4.0 s, the error, 6.0 s
+    assert rounds.status == "not met (1 of 3 repeats)"
 
 
-def test_a_file_without_repeats_is_never_met() -> None:
-    stats = {"p50": 0.01, "p99": 0.2}
-    row = {"backend": "sqlite", "k": 1000, "c": 1.0, "prompt": [20, 384], "upload_s": stats}
-    row |= {"poll_delivery_s": stats, "errors": 0, "vs_null": {"upload_p99": 1.1}}
-    null = {"k": 1000, "hidden": 384, "upload_s": {"p99": 0.18}}
-    doc = {"rows": [row], "null": [null], "settings": {}, "machine": {"loadavg": [2.5, 0, 0]}}
-    upload, delivery = floors.ingest_floors({**doc, "settings": {"backends": ["sqlite"]}})
-    assert upload.ratio == 1.1 and upload.status == "1 run, repeats pending" and upload.spread is None
-    assert delivery.ratio is None and delivery.status == "baseline and repeats pending"
-    text = floors.table([upload, delivery])
+def test_one_repeat_is_never_met_and_a_file_without_the_previous_build_has_no_ratio() -> None:
+    doc = _ingest_doc([(1.0, 1.0, 10.0, 0)], previous=False)
+    cpu, delivery, rounds = floors.ingest_floors(doc)
+    assert cpu.status == "1 run, repeats pending" and cpu.ratio is None and cpu.spread is None
+    assert cpu.baseline == "null app 0.30 ms"
+    text = floors.table([cpu, delivery, rounds])
     assert "met" not in text.replace("repeats pending", "")
 
 
