@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,18 @@ _PENDING = (  # selected for the round and not uploaded yet
         Update.id.is_(None),
     )
 )
+_PARTICIPANTS = select(Participant.client_id, Participant.id).where(
+    Participant.round_id == bindparam("round")
+)
+_UPLOADED = select(Update.client_id).where(Update.round_id == bindparam("round"))
+_REPORTED = select(Evaluation.client_id).where(
+    Evaluation.federation_id == bindparam("fid"), Evaluation.version == bindparam("version")
+)
+_ACTIVE_CLIENTS = (
+    select(Client.id)
+    .where(Client.federation_id == bindparam("fid"), Client.revoked_at.is_(None))
+    .order_by(Client.id)
+)
 
 
 class IdleClients:
@@ -92,6 +105,30 @@ class IdleClients:
             self._marks.pop(fid, None)
 
 
+@dataclass
+class Board:
+    """What every client's next task of one federation depends on, read once per change stamp: the
+    open round and the train task it hands out (the same for every selected client), the evaluate
+    task of the latest version when one is due, the federation's clients in enrolment order, and
+    who had uploaded or reported when it was read. A poll looks its client up here; a task found is
+    confirmed by one query of that client's own rows before it is handed out (an upload or report
+    through this or another process since the board was read), and the board learns the answer."""
+
+    stamp: Stamp
+    generation: int
+    round_id: int | None
+    base_version: int | None
+    train: dict[str, Any] | None
+    participants: dict[int, int]  # client id -> its participant row of the open round
+    uploaded: set[int]
+    evaluate: dict[str, Any] | None
+    latest: int
+    evaluated: set[int]
+    evaluators: int | None
+    ranks: dict[int, int]  # client id -> clients enrolled before it and not revoked
+    done: dict[str, Any] | None
+
+
 class Tasks:
     """A client's next task, and prompt downloads (a participant's counted for the ledger)."""
 
@@ -99,15 +136,33 @@ class Tasks:
         self.store = store
         self.secure = secure or SecureRounds(store)
         self.idle = IdleClients()
-        store.add_change_listener(self.idle.forget)
+        self._boards: dict[int, Board] = {}
+        self._boards_lock = threading.Lock()
+        store.add_change_listener(self._changed)
+
+    def _changed(self, fid: int) -> None:
+        """A change of the federation was announced: its idle marks and its board no longer hold."""
+        self.idle.forget(fid)
+        with self._boards_lock:
+            self._boards.pop(fid, None)
 
     def get_prompt(self, fid: int, version: str | int, *, client: Client | None = None) -> PromptVersion:
         """A prompt version's blob ('latest' or a number); counts a participant's download."""
         with self.store.sessions() as s:
             _, pv = self.store.prompt_version(s, fid, version)
-            record = self._download_to_record(s, fid, pv.version, client, len(pv.blob))
+            record = self._participant_on_board(fid, pv.version, client)
+            if record is None:
+                record = self._download_to_record(s, fid, pv.version, client, len(pv.blob))
         self._record_download(record, len(pv.blob))
         return pv
+
+    def _participant_on_board(self, fid: int, version: int, client: Client | None) -> int | None:
+        """The participant row a download of the open round's base version counts on, from the board
+        (no query); None when there is no current board or the client is not its participant."""
+        board = self._boards.get(fid)
+        if client is None or board is None or board.base_version != version:
+            return None
+        return board.participants.get(client.id)
 
     def get_control(self, fid: int, version: str | int, *, client: Client | None = None) -> bytes:
         """SCAFFOLD's server control variate after a prompt version, as float32 safetensors (zeros
@@ -172,10 +227,94 @@ class Tasks:
         if self.idle.idle(fid, stamp, client.id):
             return None
         generation = self.idle.generation(fid)
-        found = self.next_task(fid, client)
+        if self.store.cached_spec(fid).secure_aggregation is not None:
+            found = self.next_task(fid, client)  # a secure round's stages are per client
+        else:
+            found = self._from_board(fid, client, stamp, generation)
         if found is None:
             self.idle.mark(fid, stamp, client.id, generation)
         return found
+
+    def _from_board(self, fid: int, client: Client, stamp: Stamp, generation: int) -> dict[str, Any] | None:
+        """next_task through the federation's board: at most one query of the client's own rows for
+        each task the board finds, none when it finds none."""
+        board = self._board(fid, stamp, generation)
+        if client.id not in board.ranks:  # enrolled (or revoked) since the board was read
+            return self.next_task(fid, client)
+        asked = board.evaluate is not None and client.id not in board.evaluated
+        asked = asked and asked_to_evaluate(client.info, board.evaluators, board.ranks[client.id])
+        trains = (
+            board.train is not None and client.id in board.participants and client.id not in board.uploaded
+        )
+        if not (asked or trains):
+            return board.done
+        with self.store.sessions() as s:
+            c = s.connection()
+            if asked:
+                params = {"fid": fid, "version": board.latest, "client": client.id}
+                if c.scalar(_EVALUATED, params) is None:
+                    return board.evaluate
+                board.evaluated.add(client.id)
+            if trains:
+                if c.scalar(_PENDING, {"round": board.round_id, "client": client.id}) is not None:
+                    return board.train
+                board.uploaded.add(client.id)
+        return board.done
+
+    def _board(self, fid: int, stamp: Stamp, generation: int) -> Board:
+        """The federation's board under this stamp, read now if the one held is older."""
+        with self._boards_lock:
+            board = self._boards.get(fid)
+            if board is not None and board.stamp == stamp and board.generation == generation:
+                return board
+            board = self._read_board(fid, stamp, generation)
+            if self.idle.generation(fid) == generation:  # else a change came meanwhile: use it once
+                self._boards[fid] = board
+            return board
+
+    def _read_board(self, fid: int, stamp: Stamp, generation: int) -> Board:
+        with self.store.sessions() as s:
+            c = s.connection()
+            fed = self.store.fed_row(s, fid)
+            spec = self.store.spec(s, fid)
+            rnd = c.execute(_OPEN_ROUND, {"fid": fid}).first()
+            participants: dict[int, int] = {}
+            uploaded: set[int] = set()
+            train = None
+            if rnd is not None:
+                participants = dict(c.execute(_PARTICIPANTS, {"round": rnd.id}).tuples().all())
+                uploaded = set(c.scalars(_UPLOADED, {"round": rnd.id}))
+                train = self._train_task(s, fed, rnd, spec)
+            latest = fed.latest_version
+            evaluate = None
+            evaluated: set[int] = set()
+            if evaluation_due(latest, eval_every=spec.eval_every, rounds=spec.rounds):
+                evaluated = set(c.scalars(_REPORTED, {"fid": fid, "version": latest}))
+                evaluate = {
+                    "kind": TaskKind.EVALUATE,
+                    "round": latest,
+                    "version": latest,
+                    "sha256": self.store.version_sha(s, fed, latest),
+                }
+            active = list(c.scalars(_ACTIVE_CLIENTS, {"fid": fid}))
+        done = None
+        if fed.state == FederationState.COMPLETED:
+            done = {"kind": TaskKind.DONE, "round": fed.current_round, "version": latest}
+        return Board(
+            stamp=stamp,
+            generation=generation,
+            round_id=None if rnd is None else rnd.id,
+            base_version=None if rnd is None else rnd.base_version,
+            train=train,
+            participants=participants,
+            uploaded=uploaded,
+            evaluate=evaluate,
+            latest=latest,
+            evaluated=evaluated,
+            evaluators=spec.evaluators,
+            ranks={cid: rank for rank, cid in enumerate(active)},
+            done=done,
+        )
 
     def next_task(self, fid: int, client: Client) -> dict[str, Any] | None:
         """What this client should do now: answer a secure round's keys, shares or unmasking stage

@@ -212,3 +212,31 @@ def test_a_failed_flush_keeps_the_figures_for_the_next(service: Coordinator) -> 
     log.flush()
     with service.store.sessions() as s:
         assert s.scalar(select(Participant.downloaded_bytes).where(Participant.id == part)) == 42
+
+
+def test_the_board_answers_as_next_task_does_with_one_query_per_task_found(service: Coordinator) -> None:
+    fid, clients = _federation(service, 3, evaluators=2)
+    tasks, store = service.tasks, service.store
+
+    def both(c: Any) -> tuple[Any, Any]:
+        return tasks.next_task_at(fid, c, store.federation_stamp(fid, 0)), tasks.next_task(fid, c)
+
+    a, b, c = clients
+    for client in clients:  # version 0: the first two clients evaluate it, the third trains at once
+        got, expected = both(client)
+        assert got == expected
+    assert both(a)[0]["kind"] == "evaluate" and both(c)[0]["kind"] == "train"
+    service.uploads.report_evaluation(fid, 0, a, {"num_samples": 5, "accuracy": 0.5})
+    with _statements(service) as seen:  # a reported since the board was read: one query says so
+        got = tasks.next_task_at(fid, a, store.federation_stamp(fid, 60))
+    assert got == tasks.next_task(fid, a) and got["kind"] == "train"
+    selects = [q for q in seen if q.lstrip().upper().startswith("SELECT")]
+    assert len(selects) == 2  # its report (done) and its upload (pending) checked, nothing else
+    with _statements(service) as seen:  # a participant's download counts without a lookup
+        tasks.get_prompt(fid, got["version"], client=a)
+    assert not any("participant" in q.lower() for q in seen)
+    store.downloads.flush()
+    with store.sessions() as s:
+        assert s.scalar(select(Participant.downloaded_bytes).where(Participant.client_id == a.id)) > 0
+    service.enrolment.revoke_client(fid, b.id)  # revoked: the board no longer holds it, next_task answers
+    assert tasks.next_task_at(fid, b, store.federation_stamp(fid, 0)) == tasks.next_task(fid, b)
