@@ -77,7 +77,6 @@ def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
         listener = ChangeListener(engine.url, service.store.changed) if service.store.notify else None
         if listener is not None:
             listener.start()
-        app.state.change_listener = listener
         yield
         if listener is not None:
             listener.stop()

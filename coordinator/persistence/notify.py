@@ -40,8 +40,6 @@ class ChangeListener:
         self._conninfo, self._on_change = conninfo(url), on_change
         self.poll_s, self.retry_s = poll_s, retry_s
         self._stop = threading.Event()
-        self.connected = threading.Event()  # set while the LISTEN connection is up
-        self.connection: psycopg.Connection | None = None  # the live one (tests drop it)
         self._thread = threading.Thread(target=self._run, name="fedprompt-listen", daemon=True)
 
     def start(self) -> None:
@@ -58,8 +56,6 @@ class ChangeListener:
                 name = f"fedprompt-listen-{os.getpid()}"  # which process's it is, in pg_stat_activity
                 with psycopg.connect(self._conninfo, autocommit=True, application_name=name) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
-                    self.connection = conn
-                    self.connected.set()
                     if not first:  # announcements may have been missed while it was down
                         self._on_change(EVERY)
                     first = False
@@ -72,9 +68,6 @@ class ChangeListener:
                 log.warning(
                     "the change announcements' connection failed (%s); reconnecting", type(exc).__name__
                 )
-            finally:
-                self.connected.clear()
-                self.connection = None
             self._stop.wait(self.retry_s)
 
     def _announce(self, payload: str) -> None:

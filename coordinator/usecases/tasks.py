@@ -290,16 +290,8 @@ class Tasks:
             evaluated: set[int] = set()
             if evaluation_due(latest, eval_every=spec.eval_every, rounds=spec.rounds):
                 evaluated = set(c.scalars(_REPORTED, {"fid": fid, "version": latest}))
-                evaluate = {
-                    "kind": TaskKind.EVALUATE,
-                    "round": latest,
-                    "version": latest,
-                    "sha256": self.store.version_sha(s, fed, latest),
-                }
+                evaluate = self._evaluate_task(s, fed)
             active = list(c.scalars(_ACTIVE_CLIENTS, {"fid": fid}))
-        done = None
-        if fed.state == FederationState.COMPLETED:
-            done = {"kind": TaskKind.DONE, "round": fed.current_round, "version": latest}
         return Board(
             stamp=stamp,
             generation=generation,
@@ -313,7 +305,7 @@ class Tasks:
             evaluated=evaluated,
             evaluators=spec.evaluators,
             ranks={cid: rank for rank, cid in enumerate(active)},
-            done=done,
+            done=self._done_task(fed),
         )
 
     def next_task(self, fid: int, client: Client) -> dict[str, Any] | None:
@@ -336,12 +328,7 @@ class Tasks:
             ):
                 evaluated = c.scalar(_EVALUATED, {"fid": fid, "version": latest, "client": client.id})
                 if evaluated is None:
-                    return {
-                        "kind": TaskKind.EVALUATE,
-                        "round": latest,
-                        "version": latest,
-                        "sha256": self.store.version_sha(s, fed, latest),
-                    }
+                    return self._evaluate_task(s, fed)
             if rnd is not None:
                 pending = c.scalar(_PENDING, {"round": rnd.id, "client": client.id})
                 if spec.secure_aggregation is not None:
@@ -354,9 +341,7 @@ class Tasks:
                         }
                 elif pending is not None:
                     return self._train_task(s, fed, rnd, spec)
-            if fed.state == FederationState.COMPLETED:
-                return {"kind": TaskKind.DONE, "round": fed.current_round, "version": fed.latest_version}
-        return None
+        return self._done_task(fed)
 
     @staticmethod
     def _rank(c: Any, fid: int, client_id: int) -> int:
@@ -369,6 +354,23 @@ class Tasks:
             )
             or 0
         )
+
+    def _evaluate_task(self, s: Session, fed: Any) -> dict[str, Any]:
+        """Evaluate the latest prompt version."""
+        latest = fed.latest_version
+        return {
+            "kind": TaskKind.EVALUATE,
+            "round": latest,
+            "version": latest,
+            "sha256": self.store.version_sha(s, fed, latest),
+        }
+
+    @staticmethod
+    def _done_task(fed: Any) -> dict[str, Any] | None:
+        """The federation completed: the worker may stop (None while it runs)."""
+        if fed.state != FederationState.COMPLETED:
+            return None
+        return {"kind": TaskKind.DONE, "round": fed.current_round, "version": fed.latest_version}
 
     def _train_task(self, s: Session, fed: Any, rnd: Any, spec: FederationSpec) -> dict[str, Any]:
         """Train from the round's base version and upload."""
