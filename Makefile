@@ -15,7 +15,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test lint typecheck format clean browser bench
+.PHONY: install demo test lint typecheck format clean browser bench bench-peers
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -66,9 +66,23 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.report
 	$(BIN)/python -m bench.floors
 
+# fedprompt beside Flower (bench/peers.py): Flower's simulation engine in its own environment, since
+# flwr[simulation] pins other fastapi, starlette, typer and rich versions than ours.
+PEERS := .venv-peers
+$(PEERS)/.installed: bench/peers-constraints.txt pyproject.toml
+	$(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/pip install --quiet --upgrade pip
+	$(PEERS)/bin/pip install --quiet -c bench/peers-constraints.txt 'flwr[simulation]' -e '.[worker]'
+	touch $@
+
+bench-peers: $(STAMP) $(PEERS)/.installed
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[bench]'
+	$(BIN)/python -m bench.peers
+	$(BIN)/python -m bench.report
+
 format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .typecheck
+	rm -rf $(VENV) $(PEERS) runs .pytest_cache .typecheck

@@ -371,7 +371,7 @@ class Agent:
                 batch_size=cfg.batch_size,
                 lr=cfg.lr,
                 grad_clip=cfg.grad_clip,
-                seed=_round_seed(cfg.seed, number, self.status.client_id or 0),
+                seed=round_seed(cfg.seed, number, self.status.client_id or 0),
                 progress=progress,
                 **options,
             )
@@ -548,7 +548,7 @@ class Agent:
             self._upload(number, blob)
 
 
-def _round_seed(seed: int, number: int, client_id: int) -> int:
+def round_seed(seed: int, number: int, client_id: int) -> int:
     """A per-(federation, round, client) training seed: reproducible, different across clients."""
     digest = hashlib.sha256(f"{seed}:{number}:{client_id}".encode()).digest()
     return int.from_bytes(digest[:4], "little")
