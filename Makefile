@@ -49,8 +49,11 @@ typecheck: $(STAMP)
 browser:
 	@test -x /usr/bin/chromium || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 
+# The suite on every core (pytest-xdist), each test file on one worker so its module fixtures load once;
+# TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= auto
 test: lint browser
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # Benchmarks (bench/, results in bench/results/*.json, tables in BENCHMARKS.md), each floor in repeats
 # interleaved with its baseline. BENCH_INGEST=--quick keeps the coordinator ingest grid to K <= 1,000 and

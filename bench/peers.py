@@ -1,7 +1,7 @@
 """fedprompt beside Flower on the same federation: wall time, peak memory, accuracy per round.
 
     make bench-peers            # builds .venv-peers (flwr[simulation]) and runs the default below
-    python -m bench.peers [--clients 100 --fraction 0.1 --rounds 3 --local-steps 20 --repeats 3]
+    python -m bench.peers [--clients 100 --fraction 0.1 --rounds 5 --local-steps 20 --repeats 3]
 
 Each repeat (seed 0, 1, 2, …) runs `fedprompt simulate` (coordinator and worker pools over HTTP on
 loopback, SQLite) and then the same federation under Flower's simulation engine (`bench/peers_flower.py`
@@ -222,10 +222,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dataset", default="sst2")
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--fraction", type=float, default=0.1)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--local-steps", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--train-limit", type=int, default=4000)
+    parser.add_argument("--train-limit", type=int, default=8000)
     parser.add_argument("--eval-limit", type=int, default=872)
     parser.add_argument("--repeats", type=int, default=3, help="seeds 0 … repeats − 1, one repeat each")
     parser.add_argument("--slots", type=int, default=os.cpu_count() or 1, help="clients training at once")

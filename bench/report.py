@@ -317,6 +317,40 @@ def e2e_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def peers_table(doc: dict[str, Any]) -> str:
+    """fedprompt beside Flower: medians (min–max) over the repeats and fedprompt ÷ Flower per repeat."""
+    s, sm = doc["settings"], doc["summary"]
+    rows = (
+        ("wall time, start-up included", "wall_s", _num("{:.0f} s")),
+        ("the federation (each's own clock)", "federation_s", _num("{:.0f} s")),
+        ("overhead per round beyond training", "overhead_per_round_s", _num("{:.1f} s")),
+        ("peak memory, all processes (PSS)", "peak_pss_mib", _num("{:,.0f} MiB")),
+        ("peak memory, all processes (RSS summed)", "peak_rss_sum_mib", _num("{:,.0f} MiB")),
+        ("final accuracy", "final_accuracy", lambda v: f"{100 * v:.1f} %"),
+    )
+    lines = [
+        "| figure | fedprompt | Flower | fedprompt ÷ Flower (per repeat) |",
+        "|---|---|---|---|",
+    ]
+    for label, key, fmt in rows:
+        cell = sm[key]
+        lines.append(
+            f"| {label} | {_mid(cell['fedprompt'], fmt)} | {_mid(cell['flower'], fmt)} | {_mid(cell['ratio'], _x())} |"
+        )
+    lines += [
+        "",
+        f"{s['dataset']}, K = {s['clients']} clients, C = {s['fraction']}, {s['rounds']} rounds × {s['local_steps']} "
+        f"local steps of batch {s['batch_size']}, {s['train_limit']:,} training examples, {s['eval_limit']} test "
+        f"examples, {s['slots']} clients training at once; seeds 0–{s['repeats'] - 1}, one repeat each, fedprompt "
+        f"first. flwr {doc['flwr']}, Ray {doc['ray']}. The same clients every round in both: "
+        f"{'yes' if sm['same_clients'] else '**no**'}; largest accuracy difference in any round: "
+        f"{sm['max_accuracy_gap_points']:.2f} points.",
+        "",
+        _machine(doc),
+    ]
+    return "\n".join(lines)
+
+
 TABLES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "comm": ("comm.json", comm_table),
     "aggregation": ("aggregation.json", aggregation_table),
@@ -325,6 +359,7 @@ TABLES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "levers-amx": ("levers-amx.json", levers_table),
     "ingest": ("ingest.json", ingest_table),
     "e2e": ("e2e.json", e2e_table),
+    "peers": ("peers.json", peers_table),
 }
 
 
