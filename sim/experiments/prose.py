@@ -23,6 +23,7 @@ PERCENT = {
     "max_local_asr",
     "local_accuracy",
     "accuracy_drop",
+    "accuracy_gain",
     "final_macro_f1",
     "majority_rate",
     "best_accuracy",
@@ -176,6 +177,10 @@ def fill(text: str, config: ExperimentConfig, records: list[dict[str, Any]]) -> 
 CLAIM = re.compile(
     r"^(?P<a>.+?)\s+-\s+(?P<b>.+?)\s*(?P<op>[<>])\s*(?P<threshold>[-−+]?\d+(?:\.\d+)?)\s*$", re.DOTALL
 )
+# `A > δ`: one cell's per-seed values against a threshold (e.g. what its rounds added, accuracy_gain)
+ONE_CELL_CLAIM = re.compile(
+    r"^(?P<a>[^<>]+?)\s*(?P<op>[<>])\s*(?P<threshold>[-−+]?\d+(?:\.\d+)?)\s*$", re.DOTALL
+)
 
 
 def _scale(metric: str) -> float:
@@ -212,17 +217,22 @@ def _has_learned(metric: str, done: list[dict[str, Any]]) -> bool | None:
 
 def _verdict(config: ExperimentConfig, records: list[dict[str, Any]], metric: str, where: str) -> str:
     """`{{verdict: METRIC @ A - B > δ}}` (δ in the table's units, points for a percentage): the computed
-    verdict (sim/experiments/verdicts.py) with the paired difference and its 95 % interval."""
-    m = CLAIM.match(where.strip())
+    verdict (sim/experiments/verdicts.py) with the paired difference and its 95 % interval; `A > δ`
+    (or `<`) judges one cell's per-seed values the same way."""
+    m = CLAIM.match(where.strip()) or ONE_CELL_CLAIM.match(where.strip())
     if m is None:
-        raise ConfigError(f"{config.name}: verdict '{where.strip()}' must read 'A - B > δ' or 'A - B < δ'")
+        raise ConfigError(
+            f"{config.name}: verdict '{where.strip()}' must read 'A - B > δ', 'A - B < δ', 'A > δ' or 'A < δ'"
+        )
     threshold = float(m["threshold"].replace("−", "-")) / _scale(metric)
-    cells = [_cell_records(config, records, m[k]) for k in ("a", "b")]
-    diffs = paired(*(_by_seed(metric, done) for done in cells))
+    names = ("A", "B") if "b" in m.groupdict() else ("A",)
+    cells = [_cell_records(config, records, m[k.lower()]) for k in names]
+    by_seed = [_by_seed(metric, done) for done in cells]
+    diffs = paired(*by_seed) if len(cells) == 2 else [v for _, v in sorted(by_seed[0].items())]
     if not diffs:
         return "–"
     not_learned = [
-        name for name, done in zip(("A", "B"), cells, strict=True) if _has_learned(metric, done) is False
+        name for name, done in zip(names, cells, strict=True) if _has_learned(metric, done) is False
     ]
     iv = t_interval(diffs)
     unit = " points" if metric in PERCENT else ""
@@ -233,7 +243,11 @@ def _verdict(config: ExperimentConfig, records: list[dict[str, Any]], metric: st
     spread = f"95 % CI {signed(iv.low)} to {signed(iv.high)}, " if iv.n > 1 else ""
     figures = f"{signed(iv.mean)}{unit}, {spread}{iv.n} seed{'s' if iv.n > 1 else ''}"
     if not_learned:
-        which = {("A",): "the first cell", ("B",): "the second cell", ("A", "B"): "both cells"}
+        which = {
+            ("A",): "the first cell" if len(cells) == 2 else "the cell",
+            ("B",): "the second cell",
+            ("A", "B"): "both cells",
+        }
         return f"{NOT_LEARNED} ({which[tuple(not_learned)]}; {figures})"
     return f"{verdict(diffs, m['op'], threshold)} ({figures})"
 

@@ -28,9 +28,12 @@ def cell_metrics(results: dict[str, Any]) -> dict[str, Any]:
     local = [r["local_asr"] for r in rounds if r.get("local_asr") is not None]
     local_acc = [r["local_accuracy"] for r in rounds if r.get("local_accuracy") is not None]
     last = rounds[-1] if rounds else {}
+    initial, final = results.get("initial_accuracy"), results.get("final_accuracy")
     return {
-        "initial_accuracy": results.get("initial_accuracy"),
-        "final_accuracy": results.get("final_accuracy"),
+        "initial_accuracy": initial,
+        "final_accuracy": final,
+        # what the rounds added to the starting prompt (final − initial)
+        "accuracy_gain": final - initial if final is not None and initial is not None else None,
         "initial_asr": results.get("initial_asr"),
         "final_asr": results.get("final_asr"),
         "max_asr": max(asrs) if asrs else None,

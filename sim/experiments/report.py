@@ -37,6 +37,7 @@ from fedprompt.sim.experiments.runner import (
 LABELS = {
     "initial_accuracy": "ACC r0",
     "final_accuracy": "ACC",
+    "accuracy_gain": "gain (points)",
     "initial_asr": "clean ASR",
     "final_asr": "ASR",
     "max_asr": "max ASR",

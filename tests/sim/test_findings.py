@@ -111,6 +111,32 @@ def test_verdict_and_learned_placeholders(tmp_path: Path) -> None:
     assert ", 1 of 3 collapsed)" in fill("{{learned @ arm=b}}", config, collapsed)
     with pytest.raises(ConfigError, match="must read 'A - B > δ'"):
         fill("{{verdict: final_accuracy @ arm=a - arm=b}}", config, records)
+    with pytest.raises(ConfigError, match="must read 'A - B > δ'"):
+        fill("{{verdict: final_accuracy @ arm=a}}", config, records)
+
+
+def test_a_one_cell_verdict_judges_that_cells_values_over_its_seeds(tmp_path: Path) -> None:
+    path = tmp_path / "skew.yaml"
+    path.write_text(CONFIG)
+    config = load_config(path)
+
+    def gained(seed: int, gain: float, final: float = 0.75) -> dict[str, Any]:
+        record = _record("a", seed, final)
+        record["metrics"]["accuracy_gain"] = gain
+        return record
+
+    records = [gained(s, g) for s, g in enumerate([0.06, 0.07, 0.08])]
+    # the gains' mean 7.0 points, t interval 7.0 ± 4.303 × 1.0 / √3 = 4.5 to 9.5
+    assert (
+        fill("{{verdict: accuracy_gain @ arm=a > 5}}", config, records)
+        == "inconclusive (+7.0 points, 95 % CI +4.5 to +9.5, 3 seeds)"
+    )
+    assert fill("{{verdict: accuracy_gain @ arm=a > 4}}", config, records).startswith("holds (+7.0 points")
+    assert fill("{{verdict: accuracy_gain @ arm=a < 4}}", config, records).startswith("does not hold")
+    at_majority = [gained(s, g, final=0.5) for s, g in enumerate([0.06, 0.07, 0.08])]
+    assert fill("{{verdict: accuracy_gain @ arm=a > 4}}", config, at_majority).startswith(
+        "not learned (the cell; +7.0 points"
+    )
 
 
 def test_table_rows_in_prose_stay_rows(tmp_path: Path) -> None:
