@@ -35,6 +35,7 @@ CPU_PER_REQUEST_MS = 1.5  # the coordinator's CPU over a run ÷ the requests it 
 DELIVERY_P99_S = 5.0  # a train task's arrival after its round opened
 ROUNDS_PER_MIN = 6.0
 WORKER_FLOOR = 0.95
+PEERS_GOAL = 1.0  # fedprompt ÷ Flower on the same federation: wall time and peak memory
 MARKER = "floors"
 
 
@@ -277,12 +278,39 @@ def e2e_floor(doc: dict[str, Any]) -> Floor:
     )
 
 
+def peers_floors(doc: dict[str, Any]) -> list[Floor]:
+    """fedprompt ÷ Flower on the same federation (bench/peers.py): wall time and peak memory, per repeat."""
+    out = []
+    loads = [doc["machine"]["loadavg"][0]]
+    for key, what, fmt in (
+        ("wall_s", "wall time", lambda v: f"{v:.0f} s"),
+        ("peak_pss_mib", "peak memory (PSS)", lambda v: f"{v:,.0f} MiB"),
+    ):
+        cell = doc["summary"][key]
+        values = cell["ratio"]["values"]
+        out.append(
+            Floor(
+                floor=f"{what} ≤ {PEERS_GOAL}× Flower's on the same federation",
+                figure=fmt(cell["fedprompt"]["median"]),
+                baseline=fmt(cell["flower"]["median"]),
+                ratio=cell["ratio"]["median"],
+                spread=_spread(values, True),
+                runs=f"{len(values)} repeats",
+                load=_load(loads),
+                status=verdict(values, lambda v: v <= PEERS_GOAL, repeated=True),
+                source="peers.json",
+            )
+        )
+    return out
+
+
 SOURCES: list[tuple[str, Callable[[dict[str, Any]], Floor | list[Floor] | None]]] = [
     ("comm.json", comm_floor),
     ("aggregation.json", fedavg_floor),
     ("ingest.json", ingest_floors),
     ("worker.json", worker_floor),
     ("e2e.json", e2e_floor),
+    ("peers.json", peers_floors),
 ]
 
 

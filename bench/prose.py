@@ -45,6 +45,7 @@ THRESHOLDS = {
     floors.DELIVERY_P99_S,
     floors.ROUNDS_PER_MIN,
     floors.WORKER_FLOOR,
+    floors.PEERS_GOAL,
     float(floors.FEDAVG_K),
     float(floors.INGEST_K),
     float(floors.MIN_REPEATS),
