@@ -68,12 +68,20 @@ def aliased_group(aliases: Mapping[str, str], env: Mapping[str, str] | None = No
 
     class AliasedGroup(TyperGroup):
         def main(self, args: Sequence[str] | None = None, *rest: Any, **kwargs: Any) -> Any:
+            # the current name is set for this invocation only: a caller that runs the command in its
+            # own process (a test, an embedding program) keeps its environment as it was
+            copied = []
             for old, new in (env or {}).items():
                 if os.environ.get(old) and not os.environ.get(new):
                     os.environ[new] = os.environ[old]
-            given = sys.argv[1:] if args is None else list(args)
-            self._args = rewrite(given, aliases)
-            return super().main(self._args, *rest, **kwargs)
+                    copied.append(new)
+            try:
+                given = sys.argv[1:] if args is None else list(args)
+                self._args = rewrite(given, aliases)
+                return super().main(self._args, *rest, **kwargs)
+            finally:
+                for name in copied:
+                    os.environ.pop(name, None)
 
         def invoke(self, ctx: Context) -> Any:
             try:

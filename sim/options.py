@@ -6,6 +6,9 @@ ValueErrors) whose message names the option; the command prints it as one line.
 
 from __future__ import annotations
 
+import multiprocessing
+import sys
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -395,9 +398,14 @@ def federation_spec(opts: SimulateOptions, dataset: Dataset) -> tuple[Federation
         "prefix_projection": opts.prefix_projection,
         "scoring": opts.scoring,
     }
-    hidden, fingerprint, initial_blob, facts = model_facts(
-        opts.model, opts.seed, kwargs, method_options, opts.init
-    )
+    # in a short-lived child process, so that the model's memory leaves with it: this process then only
+    # follows the federation (BENCHMARKS.md §7). Forked where the platform allows (no second import
+    # of torch); this process has run no torch operation yet.
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as child:
+        hidden, fingerprint, initial_blob, facts = child.submit(
+            model_facts, opts.model, opts.seed, kwargs, method_options, opts.init
+        ).result()
     lr = opts.lr if opts.lr is not None else default_lr(facts["scoring"], opts.model)
     spec = build_spec(
         dataset_name=dataset.name,

@@ -5,6 +5,7 @@ gets whole."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +86,8 @@ def test_the_coordinator_address_is_one_name_with_the_old_one_unlisted(
     done = CliRunner().invoke(operator_cli.app, ["rounds", "list", "-f", str(world.fid), "--token", ADMIN])
     assert done.exit_code == 0, done.output
     assert seen == ["http://testserver"]
+    # the old name is read for that invocation only: the caller's environment is left as it was
+    assert "FEDPROMPT_COORDINATOR" not in os.environ
 
 
 def test_the_old_thread_and_token_spellings_of_the_worker_still_parse() -> None:

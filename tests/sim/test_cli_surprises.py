@@ -393,6 +393,8 @@ def test_without_a_terminal_simulate_logs_a_line_per_round_attempt_upload_and_lo
     from tests.sim.test_simulate_parts import SPEC
 
     monkeypatch.setattr(progress.time, "sleep", lambda s: None)
+    # the width a log gets (sim/tables.py), whatever COLUMNS was when this process first imported it
+    monkeypatch.setattr(progress.console, "width", 160)
     records, initial = progress.follow(_Admin(), 1, {**SPEC, "rounds": 1}, 2, _Procs())  # type: ignore[arg-type]
     lines = [line.strip() for line in capsys.readouterr().out.splitlines() if line.strip()]
     assert lines[:5] == [
