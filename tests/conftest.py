@@ -12,6 +12,14 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Under pytest-xdist (`make test`) each worker gets its share of the cores for the OpenMP and BLAS
+# thread pools of its own process and of every process it starts (servers, workers, simulations):
+# two workers, each with pools as wide as the machine, would oversubscribe the cores, and spinning
+# pool threads slow every test beside them.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _share = str(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)))
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, _share)
 
 PG_ADMIN_URL = os.environ.get("FEDPROMPT_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
