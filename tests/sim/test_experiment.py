@@ -204,6 +204,19 @@ def test_a_cell_that_ran_with_other_options_runs_again_and_is_not_reported(tmp_p
     assert again.calls == []
 
 
+def test_a_cell_stopped_mid_run_is_not_reported_as_run(tmp_path: Path) -> None:
+    config, _ = _config(tmp_path)
+    run_experiment(config, tmp_path / "runs", runner=FakeSimulate(), echo=lambda _: None)
+    stopped = sorted((tmp_path / "runs/demo").glob("*/results.json"))[0]
+    results = json.loads(stopped.read_text())
+    stopped.write_text(
+        json.dumps({**results, "rounds": [], "final_accuracy": None})
+    )  # as a SIGTERM leaves it
+    records = collect(config, tmp_path / "runs")
+    assert [r["done"] for r in records].count(False) == 1
+    assert next(r for r in records if not r["done"])["cell"] == stopped.parent.name
+
+
 def test_an_older_cell_record_is_checked_on_the_options_it_passed(tmp_path: Path) -> None:
     config, _ = _config(tmp_path)
     run_experiment(config, tmp_path / "runs", runner=FakeSimulate(), echo=lambda _: None)
