@@ -11,7 +11,7 @@ from fedprompt.sim.experiments.config import ExperimentConfig, expand
 from fedprompt.sim.experiments.runner import (
     committed_cells,
     committed_match,
-    is_complete,
+    holds_every_round,
     normalised,
     outdated,
     ran_with_other_options,
@@ -82,10 +82,8 @@ def collect(config: ExperimentConfig, out_root: Path) -> list[dict[str, Any]]:
         if ran_with_other_options(folder, cell.options):  # the config changed since it ran
             records.append(record)
             continue
-        if is_complete(
-            folder, cell.options
-        ):  # a run stopped mid-way leaves a results.json without its rounds
-            results = json.loads(results_path.read_text())
+        results = json.loads(results_path.read_text()) if results_path.exists() else None
+        if results is not None and holds_every_round(results, cell.options):
             record |= {"done": True, "metrics": cell_metrics(results)}
             record["rounds"] = [{k: r.get(k) for k in ROUND_FIELDS} for r in results.get("rounds", [])]
             if results.get("ldp"):  # the calibration this build's LDP used (see shared/privacy.py)

@@ -81,6 +81,12 @@ def is_complete(folder: Path, options: dict[str, Any]) -> bool:
         results = json.loads(path.read_text())
     except json.JSONDecodeError:
         return False
+    return holds_every_round(results, options)
+
+
+def holds_every_round(results: dict[str, Any], options: dict[str, Any]) -> bool:
+    """A results.json of a finished run: every round the options asked for, and a final accuracy (a run
+    stopped mid-way leaves one without them)."""
     want = int(options.get("rounds", 0) or 0)
     return len(results.get("rounds", [])) >= want and results.get("final_accuracy") is not None
 
