@@ -126,6 +126,7 @@ def train(msg: Message, context: Context) -> Message:
         steps=spec.local_steps,
         batch_size=spec.batch_size,
         lr=spec.lr,
+        optimizer=spec.local_optimizer,
         grad_clip=spec.grad_clip,
         seed=round_seed(spec.seed, number, pid + 1),  # fedprompt's client ids are 1 … K in enrolment order
     )

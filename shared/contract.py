@@ -182,6 +182,7 @@ class TrainConfig(Open):
     batch_size: int
     lr: float
     grad_clip: float = 1.0
+    local_optimizer: str = "adamw"
     seed: int = 0
     drift_correction: dict[str, Any] | None = None
 

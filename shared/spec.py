@@ -16,6 +16,7 @@ from fedprompt.shared.vocab import (
     DriftCorrection,
     EncoderType,
     Family,
+    LocalOptimizer,
     Method,
     Scoring,
     ServerOptimizer,
@@ -41,6 +42,7 @@ PRECISION_HELP = (
 )
 PAPER_LR = 0.3  # the paper's prompt learning rate, for label scores read through a (M)LM head
 MEAN_POOL_LR = 0.01  # the rate mean-pool similarity scoring learns at (bench/scoring.py)
+SGD_LR = 1.0  # plain SGD's rate for the prompt (clipped gradients of norm <= 1; docs/label-skew.md)
 
 
 def client_steps(local_steps: int, local_epochs: float | None, num_samples: int, batch_size: int) -> int:
@@ -54,10 +56,13 @@ def client_steps(local_steps: int, local_epochs: float | None, num_samples: int,
 HEADLESS_ENCODERS = ("all-MiniLM-L6-v2",)
 
 
-def default_lr(scoring: str, model: str | None = None) -> float:
+def default_lr(scoring: str, model: str | None = None, optimizer: str = LocalOptimizer.ADAMW) -> float:
     """The prompt's learning rate when none is given, the one rule of every path that makes a spec (REST,
-    `fedprompt federation create`, simulate): mean-pool scoring (asked for, or "auto" on a checkpoint
-    without an MLM head such as the default MiniLM) learns at 0.01, label words through a head at 0.3."""
+    `fedprompt federation create`, simulate): with AdamW, mean-pool scoring (asked for, or "auto" on a
+    checkpoint without an MLM head such as the default MiniLM) learns at 0.01, label words through a
+    head at 0.3; plain SGD at 1.0."""
+    if optimizer == LocalOptimizer.SGD:
+        return SGD_LR
     headless = model is not None and model.rstrip("/").rsplit("/", 1)[-1] in HEADLESS_ENCODERS
     return (
         MEAN_POOL_LR if scoring == Scoring.MEAN_POOL or (scoring == Scoring.AUTO and headless) else PAPER_LR
@@ -85,6 +90,7 @@ MethodName = Annotated[Method, ByText()]
 EncoderTypeName = Annotated[EncoderType, ByText()]
 ScoringName = Annotated[Scoring, ByText()]
 DriftCorrectionName = Annotated[DriftCorrection, ByText()]
+LocalOptimizerName = Annotated[LocalOptimizer, ByText()]
 # the optimisers with defaults in SERVER_OPTIMIZER_DEFAULTS, each with its update rule in
 # coordinator/logic/server_optim.py (tests/coordinator/test_vocab_registries.py checks both)
 ServerOptimizerName = Annotated[ServerOptimizer, ByText(SERVER_OPTIMIZER_DEFAULTS)]
@@ -404,10 +410,17 @@ class FederationSpec(BaseModel):
         MEAN_POOL_LR,  # the default model's (_default_lr fills an unset lr by the rule)
         gt=0,
         le=100,
-        description='The prompt\'s AdamW learning rate; default: 0.01 with mean-pool scoring (also "auto" on '
-        "a checkpoint without an MLM head, the default MiniLM), else the paper's 0.3.",
+        description="The prompt's local learning rate; default with AdamW: 0.01 with mean-pool scoring (also "
+        '"auto" on a checkpoint without an MLM head, the default MiniLM), else the paper\'s 0.3; with SGD: 1.0.',
     )
     grad_clip: float = Field(1.0, ge=0, le=1e6)
+    local_optimizer: LocalOptimizerName = Field(
+        LocalOptimizer.ADAMW,
+        description="The optimiser of each client's local steps (a fresh one every round): adamw, or sgd "
+        "(plain gradient steps, whose size follows the gradient's: under label skew the balanced loss "
+        "then shrinks the steps of a client holding one label, where AdamW rescales them back to lr; "
+        "docs/label-skew.md).",
+    )
     aggregation: AggregationSpec = Field(default_factory=AggregationSpec)
     privacy: PrivacySpec | None = Field(None, description="Local DP of every update (none: off).")
     server_optimizer: ServerOptimizerSpec | None = Field(
@@ -430,7 +443,8 @@ class FederationSpec(BaseModel):
     def _default_lr(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("lr") is None:
             model = data.get("model", DEFAULT_MODEL)
-            data = {**data, "lr": default_lr(str(data.get("scoring", Scoring.AUTO)), str(model))}
+            optimizer = str(data.get("local_optimizer", LocalOptimizer.ADAMW))
+            data = {**data, "lr": default_lr(str(data.get("scoring", Scoring.AUTO)), str(model), optimizer)}
         return data
 
     @model_validator(mode="after")

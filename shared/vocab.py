@@ -134,6 +134,13 @@ SERVER_OPTIMIZER_DEFAULTS: dict[str, dict[str, float]] = {
 _one_row_each(SERVER_OPTIMIZER_DEFAULTS, ServerOptimizer, "SERVER_OPTIMIZER_DEFAULTS")
 
 
+class LocalOptimizer(StrEnum):
+    """The optimiser of a client's local steps (worker/engine/engine.py)."""
+
+    ADAMW = "adamw"
+    SGD = "sgd"
+
+
 class DriftCorrection(StrEnum):
     """Client-drift correction of the local steps (shared/drift.py)."""
 

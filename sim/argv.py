@@ -61,6 +61,7 @@ class TrainLocal:
     eval_limit: int | None = None
     scoring: str = "auto"
     init: str = "vocab"
+    local_optimizer: str = "adamw"
 
     def argv(self) -> list[str]:
         return [bin_path("fedprompt-worker"), "train-local", *to_args(asdict(self))]

@@ -42,6 +42,7 @@ def run_baseline(
         train_limit=train_limit or None,
         eval_limit=eval_limit or None,
         scoring=spec.scoring,
+        local_optimizer=spec.local_optimizer,
     )
     console.print(f"[bold]baseline:[/] centralised prompt tuning, {steps} steps of batch {spec.batch_size}")
     started = time.monotonic()

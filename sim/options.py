@@ -24,6 +24,7 @@ from fedprompt.shared.vocab import (
     AggregationRule,
     DriftCorrection,
     EncoderType,
+    LocalOptimizer,
     Method,
     Scoring,
     ServerOptimizer,
@@ -93,6 +94,7 @@ class SimulateOptions:
     secagg_clip: float | None = None
     precision: str = "auto"
     drift_correction: str = DriftCorrection.NONE
+    local_optimizer: str = LocalOptimizer.ADAMW
     track: str | None = None
     dashboard_port: int | None = None
     resume: bool = False
@@ -300,6 +302,7 @@ def build_spec(
     precision: str = "auto",
     drift_correction: dict[str, Any] | None = None,
     evaluators: int | None = None,
+    local_optimizer: str = LocalOptimizer.ADAMW,
 ) -> FederationSpec:
     """The federation spec for a simulation (`method`: method, encoder and model-shape fields); the
     template and label words are the data's (sim/data_options.py chose them)."""
@@ -332,6 +335,7 @@ def build_spec(
         precision=precision,
         drift_correction=drift_correction,
         evaluators=evaluators,
+        local_optimizer=local_optimizer,
         **(method or {}),
     )
 
@@ -406,7 +410,7 @@ def federation_spec(opts: SimulateOptions, dataset: Dataset) -> tuple[Federation
         hidden, fingerprint, initial_blob, facts = child.submit(
             model_facts, opts.model, opts.seed, kwargs, method_options, opts.init
         ).result()
-    lr = opts.lr if opts.lr is not None else default_lr(facts["scoring"], opts.model)
+    lr = opts.lr if opts.lr is not None else default_lr(facts["scoring"], opts.model, opts.local_optimizer)
     spec = build_spec(
         dataset_name=dataset.name,
         task=dataset.task,
@@ -434,6 +438,7 @@ def federation_spec(opts: SimulateOptions, dataset: Dataset) -> tuple[Federation
         precision=opts.precision,
         drift_correction=parse_drift_correction(opts.drift_correction),
         evaluators=opts.evaluators,
+        local_optimizer=opts.local_optimizer,
     )
     if opts.init_prompt is not None:
         initial_blob = opts.init_prompt.read_bytes()

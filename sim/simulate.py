@@ -28,6 +28,7 @@ from fedprompt.shared.client import CoordinatorClient
 from fedprompt.shared.local import free_port, wait_ready
 from fedprompt.shared.privacy import client_noise_seed
 from fedprompt.shared.spec import DEFAULT_MODEL, PRECISION_HELP, FederationSpec
+from fedprompt.shared.vocab import LocalOptimizer
 from fedprompt.sim.argv import WorkerPool
 from fedprompt.sim.baseline import STOPPED, run_baseline
 from fedprompt.sim.data_options import print_data
@@ -229,6 +230,13 @@ def simulate_command(
             "fedprox:mu=0.1) | scaffold (control variates); see docs/label-skew.md."
         ),
     ] = "none",
+    local_optimizer: Annotated[
+        LocalOptimizer,
+        typer.Option(
+            help="The optimiser of the clients' local steps: adamw, or sgd (plain gradient steps, "
+            "default lr 1.0); see docs/label-skew.md."
+        ),
+    ] = LocalOptimizer.ADAMW,
     track: Annotated[
         str | None,
         typer.Option(

@@ -371,6 +371,7 @@ class Agent:
                 batch_size=cfg.batch_size,
                 lr=cfg.lr,
                 grad_clip=cfg.grad_clip,
+                optimizer=cfg.local_optimizer,
                 seed=round_seed(cfg.seed, number, self.status.client_id or 0),
                 progress=progress,
                 **options,

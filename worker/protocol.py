@@ -49,6 +49,7 @@ class Engine(Protocol):
         batch_size: int = ...,
         lr: float = ...,
         grad_clip: float = ...,
+        optimizer: str = ...,
         seed: int = ...,
         prox_mu: float = ...,
         correction: Mapping[str, np.ndarray] | None = ...,
@@ -56,7 +57,7 @@ class Engine(Protocol):
         balanced_tau: float = ...,
         progress: Callable[[int, int, float], None],
     ) -> TrainOutcome:
-        """`steps` optimisation steps of the prompt on the examples; FedProx's `prox_mu`, SCAFFOLD's
+        """`steps` optimisation steps of the prompt on the examples (`optimizer`: adamw or sgd); FedProx's `prox_mu`, SCAFFOLD's
         `correction` and `mean_gradient`, and the balanced loss's `balanced_tau` as in shared/drift.py."""
         ...
 

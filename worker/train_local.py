@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
 import typer
 from fedprompt.shared.evalstats import macro_f1
 from fedprompt.shared.spec import DEFAULT_MODEL, PRECISION_HELP, check_precision, default_lr
-from fedprompt.shared.vocab import Scoring
+from fedprompt.shared.vocab import LocalOptimizer, Scoring
 from fedprompt.worker.data.help import (
     DATA_HELP,
     LABEL_COLUMN_HELP,
@@ -99,7 +99,11 @@ def train_local_command(
     lr: float | None = typer.Option(
         None,
         min=0.0,
-        help="AdamW learning rate of the prompt (default: 0.01 with mean-pool scoring, else the paper's 0.3).",
+        help="Learning rate of the prompt (default with adamw: 0.01 with mean-pool scoring, else the "
+        "paper's 0.3; with sgd: 1.0).",
+    ),
+    local_optimizer: LocalOptimizer = typer.Option(
+        LocalOptimizer.ADAMW, help="The optimiser of the steps: adamw, or sgd (plain gradient steps)."
     ),
     num_virtual_tokens: int = typer.Option(20, min=1, help="Soft prompt length."),
     max_length: int = typer.Option(64, min=8, help="Real tokens per input (the virtual tokens come on top)."),
@@ -212,6 +216,7 @@ def train_local_command(
             "steps": steps,
             "batch_size": batch_size,
             "lr": lr,
+            "local_optimizer": local_optimizer.value,
             "num_virtual_tokens": num_virtual_tokens,
             "max_length": max_length,
             "init": init,
@@ -290,7 +295,7 @@ def train_local_command(
             )
             load_s = time.perf_counter() - started
             if lr is None:
-                lr = default_lr(engine.scoring, model)
+                lr = default_lr(engine.scoring, model, local_optimizer)
                 report["config"]["lr"] = lr
             report |= {
                 "fingerprint": engine.fingerprint,
@@ -319,6 +324,7 @@ def train_local_command(
                     steps=steps,
                     batch_size=batch_size,
                     lr=lr,
+                    optimizer=local_optimizer,
                     grad_clip=grad_clip,
                     seed=seed,
                     eval_every=eval_every,
@@ -368,6 +374,7 @@ def _train(
     steps: int,
     batch_size: int,
     lr: float,
+    optimizer: str,
     grad_clip: float,
     seed: int,
     eval_every: int,
@@ -408,6 +415,7 @@ def _train(
             steps=steps,
             batch_size=batch_size,
             lr=lr,
+            optimizer=optimizer,
             grad_clip=grad_clip,
             seed=seed,
             progress=on_step,

@@ -387,6 +387,7 @@ class Tasks:
                 "batch_size": spec.batch_size,
                 "lr": spec.lr,
                 "grad_clip": spec.grad_clip,
+                "local_optimizer": spec.local_optimizer,
                 "seed": spec.seed,
                 **(
                     {"drift_correction": spec.drift_correction.model_dump()}

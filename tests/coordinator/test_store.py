@@ -235,6 +235,7 @@ def test_tasks_evaluate_then_train_then_done(service: Coordinator) -> None:
     assert (
         task["kind"] == "train" and task["round"] == 1 and task["config"]["local_steps"] == spec.local_steps
     )
+    assert task["config"]["local_optimizer"] == spec.local_optimizer == "adamw"
     service.uploads.upload(fid, 1, a, update_blob(spec, 1))
     assert service.tasks.next_task(fid, a) is None  # waiting for b
     service.uploads.upload(fid, 1, b, update_blob(spec, 2))

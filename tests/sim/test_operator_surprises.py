@@ -23,6 +23,9 @@ from tests.sim.test_operator_cli import ADMIN_H, World, run, world  # noqa: F401
         ({"model": "/models/all-MiniLM-L6-v2/"}, 0.01),
         ({"model": "/models/all-MiniLM-L6-v2", "scoring": "tied-embeddings"}, 0.3),
         ({"lr": 0.05}, 0.05),
+        ({"local_optimizer": "sgd"}, 1.0),  # plain SGD, whatever the scoring
+        ({"model": "FacebookAI/roberta-base", "local_optimizer": "sgd"}, 1.0),
+        ({"local_optimizer": "sgd", "lr": 0.5}, 0.5),
     ],
 )
 def test_one_default_lr_rule_for_rest_the_operator_cli_and_simulate(
@@ -41,7 +44,10 @@ def test_one_default_lr_rule_for_rest_the_operator_cli_and_simulate(
     resolved = fields.get(
         "scoring", "mean-pool" if "MiniLM" in fields.get("model", DEFAULT_MODEL) else "auto"
     )
-    assert FederationSpec.model_validate(spec).lr == fields.get("lr", default_lr(resolved, spec.get("model")))
+    optimizer = fields.get("local_optimizer", "adamw")
+    assert FederationSpec.model_validate(spec).lr == fields.get(
+        "lr", default_lr(resolved, spec.get("model"), optimizer)
+    )
 
 
 def _report(world: World, version: int, i: int) -> None:

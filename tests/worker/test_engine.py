@@ -625,6 +625,44 @@ def test_a_scaffold_correction_is_added_to_every_gradient(tokenizer: Any) -> Non
     assert "mean_gradient" not in result.to_dict()
 
 
+def test_an_sgd_step_is_minus_lr_times_the_corrected_gradient(tokenizer: Any) -> None:
+    """Plain SGD: one step moves every element by −lr·(g + correction), g the clipped loss gradient
+    (the mean gradient of one step), so SCAFFOLD runs as its paper's option II."""
+    engine = make_engine(tokenizer)
+    start = engine.get_prompt()
+    push = {name: np.full(shape, 0.5) for name, shape in engine.tensor_shapes().items()}
+    result = engine.train(
+        EXAMPLES, steps=1, batch_size=4, lr=0.2, optimizer="sgd", correction=push, mean_gradient=True
+    )
+    assert result.mean_gradient is not None
+    for name, value in engine.get_prompt().items():
+        np.testing.assert_allclose(value - start[name], -0.2 * (result.mean_gradient[name] + 0.5), atol=1e-6)
+
+
+def test_an_unknown_local_optimizer_is_refused(tokenizer: Any) -> None:
+    with pytest.raises(ValueError, match="unknown local optimiser 'adam'"):
+        make_engine(tokenizer).train(EXAMPLES, steps=1, optimizer="adam")
+
+
+def test_with_sgd_the_balanced_loss_shrinks_a_one_label_clients_steps_and_with_adamw_it_does_not(
+    tokenizer: Any,
+) -> None:
+    """On a share holding one label the balanced loss lowers that label's loss gradient. SGD's step
+    follows the gradient, so the prompt moves much less; AdamW rescales each element's step to about
+    lr, so it moves nearly as far (the reason for `local_optimizer: sgd` under label skew)."""
+    one_label = [e for e in EXAMPLES if e.label == 1]
+    ratio = {}
+    for optimizer, lr in (("sgd", 1.0), ("adamw", 0.01)):
+        moved = []
+        for tau in (0.0, 2.0):
+            engine = make_engine(tokenizer, model=tiny_mlm(tokenizer, seed=0))
+            start = engine.get_prompt()[PROMPT_TENSOR]
+            engine.train(one_label, steps=5, batch_size=4, lr=lr, optimizer=optimizer, balanced_tau=tau)
+            moved.append(float(np.linalg.norm(engine.get_prompt()[PROMPT_TENSOR] - start)))
+        ratio[optimizer] = moved[1] / moved[0]
+    assert ratio["sgd"] < 0.5 < ratio["adamw"], ratio
+
+
 def test_the_balanced_loss_changes_training_only_on_a_skewed_share(tokenizer: Any) -> None:
     """τ·log(prior) shifts the scores inside the loss: on a balanced share it is a constant shift
     (the same softmax, the same prompt); on a one-label share it lowers that label's loss, so the

@@ -13,7 +13,7 @@ import torch
 from fedprompt.shared import drift, wire
 from fedprompt.shared.methods import PROMPT_TENSOR, MethodConfig, tensor_shapes
 from fedprompt.shared.spec import FederationSpec, Precision, check_precision
-from fedprompt.shared.vocab import EncoderType, Method, Scoring
+from fedprompt.shared.vocab import EncoderType, LocalOptimizer, Method, Scoring
 from fedprompt.worker.engine import prompt_io
 from fedprompt.worker.engine.batching import LENGTH_WINDOW, cycle_batches, label_ids, length_batches, pad
 from fedprompt.worker.engine.families import adapter
@@ -50,6 +50,16 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 ProgressFn = Callable[[int, int, float], None]
+
+
+def local_optimizer(name: str, params: list[nn.Parameter], *, lr: float, weight_decay: float = 0.0) -> Any:
+    """A fresh optimiser of one call's local steps: AdamW (each element's step rescaled to about lr), or
+    plain SGD (steps in proportion to the gradient; no momentum, so one call's steps carry no state)."""
+    if name == LocalOptimizer.ADAMW:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    if name == LocalOptimizer.SGD:
+        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
+    raise ValueError(f"unknown local optimiser {name!r}; expected one of {[o.value for o in LocalOptimizer]}")
 
 
 class PromptEngine:
@@ -252,6 +262,7 @@ class PromptEngine:
         batch_size: int = 16,
         lr: float = 0.3,
         grad_clip: float = 1.0,
+        optimizer: str = LocalOptimizer.ADAMW,
         seed: int = 0,
         weight_decay: float = 0.0,
         prox_mu: float = 0.0,
@@ -261,7 +272,8 @@ class PromptEngine:
         progress: ProgressFn | None = None,
         length_window: int = LENGTH_WINDOW,
     ) -> TrainResult:
-        """Run `steps` AdamW steps on the method's tensors only (a fresh optimiser per call), seeded batches.
+        """Run `steps` steps of `optimizer` (adamw, or sgd: plain gradient steps) on the method's tensors
+        only (a fresh optimiser per call), seeded batches.
 
         Client-drift correction (shared/drift.py): `prox_mu` > 0 adds FedProx's proximal gradient
         μ·(w − w_start), w_start being the prompt as loaded (the round's global prompt); `correction`
@@ -278,7 +290,7 @@ class PromptEngine:
         labels = label_ids(examples, self.verbalizer.num_labels)
         named = dict(self._params)
         params = list(named.values())
-        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        step_rule = local_optimizer(optimizer, params, lr=lr, weight_decay=weight_decay)
         anchor = {n: p.detach().clone() for n, p in named.items()} if prox_mu > 0 else {}
         extra = (
             {
@@ -308,7 +320,7 @@ class PromptEngine:
                 scores = self.scores(ids, mask, pos)
             logits = scores.float() if adjust is None else scores.float() + adjust
             loss = F.cross_entropy(logits, target)  # the loss in float32 under bf16 autocast
-            optimizer.zero_grad(set_to_none=True)
+            step_rule.zero_grad(set_to_none=True)
             loss.backward()
             if grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, grad_clip)
@@ -322,7 +334,7 @@ class PromptEngine:
                         p.grad.copy_(
                             drift.corrected_gradient(p.grad, p, anchor.get(n), prox_mu, extra.get(n))
                         )
-            optimizer.step()
+            step_rule.step()
             value = float(loss.detach())
             if not math.isfinite(value):
                 raise FloatingPointError(
