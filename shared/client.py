@@ -23,7 +23,7 @@ from fedprompt.shared.contract import (
     TaskAnswer,
     UploadReceipt,
 )
-from fedprompt.shared.tls import ClientTLS
+from fedprompt.shared.tls import ClientTLS, default_context
 from pydantic import TypeAdapter
 
 API = "/api/v1"
@@ -75,7 +75,9 @@ class CoordinatorClient:
             headers=headers,
             timeout=timeout,
             transport=transport,
-            verify=self.tls.verify() if base_url.startswith("https:") and transport is None else True,
+            verify=self.tls.verify()
+            if base_url.startswith("https:") and transport is None
+            else default_context(),
         )
 
     def close(self) -> None:

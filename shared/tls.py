@@ -10,11 +10,14 @@ or the CLI takes the same settings:
 
 from __future__ import annotations
 
+import functools
 import os
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+import httpx
 
 CA_FILE = "FEDPROMPT_CA_FILE"
 CERT_FILE = "FEDPROMPT_CLIENT_CERT_FILE"
@@ -45,10 +48,11 @@ class ClientTLS:
         ca, cert, key = (Path(v) if v else None for v in values.values())
         return cls(ca, cert, key)
 
-    def verify(self) -> ssl.SSLContext | bool:
-        """httpx's ``verify``: True (the system's trust store) or a context with the CA and certificate."""
+    def verify(self) -> ssl.SSLContext:
+        """httpx's ``verify``: the process's one default context (httpx's trust store), or a context with
+        the CA and certificate."""
         if self.ca_file is None and self.cert_file is None:
-            return True
+            return default_context()
         try:
             context = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
             if self.cert_file is not None:
@@ -58,3 +62,10 @@ class ClientTLS:
                 f"the TLS files could not be loaded ({CA_FILE}, {CERT_FILE}, {KEY_FILE}): {exc}"
             ) from None
         return context
+
+
+@functools.cache
+def default_context() -> ssl.SSLContext:
+    """httpx's default verifying context, built once per process: httpx builds one for every client
+    (loading the whole trust store, about 0.9 MiB each), and a worker pool runs a client per site."""
+    return httpx.create_ssl_context()

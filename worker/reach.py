@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-from fedprompt.shared.tls import ClientTLS
+from fedprompt.shared.tls import ClientTLS, default_context
 
 log = logging.getLogger("fedprompt.worker")
 
@@ -42,7 +42,7 @@ def backoff(attempt: int, cap: float = 30.0) -> float:
 
 def _healthz(base: str) -> httpx.Response:
     """GET /healthz, verifying an https coordinator as every other call does (shared/tls.py)."""
-    verify = ClientTLS.from_env().verify() if base.startswith("https:") else True
+    verify = ClientTLS.from_env().verify() if base.startswith("https:") else default_context()
     return httpx.get(f"{base.rstrip('/')}/healthz", timeout=5.0, verify=verify)
 
 

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from fedprompt.shared.client import ApiError, CoordinatorClient
 from fedprompt.shared.contract import Enrolled, EvaluateTask, TrainTask
-from fedprompt.shared.tls import ClientTLS, TLSConfigError
+from fedprompt.shared.tls import ClientTLS, TLSConfigError, default_context
 
 from tests.helpers import ADMIN, SMALL_SPEC, coordinator_process, update_blob
 
@@ -197,7 +197,9 @@ def test_client_tls_settings_are_checked_in_one_line(pki: Path, tmp_path: Path) 
         "FEDPROMPT_CLIENT_KEY_FILE": str(pki / "site-a.key"),
     }
     assert isinstance(ClientTLS.from_env(env).verify(), ssl.SSLContext)
-    assert ClientTLS.from_env({}).verify() is True
+    # without TLS files: httpx's default trust store, one context per process for every client
+    assert ClientTLS.from_env({}).verify() is ClientTLS.from_env({}).verify() is default_context()
+    assert default_context().verify_mode == ssl.CERT_REQUIRED and default_context().check_hostname
 
 
 def test_server_tls_settings_are_checked_in_one_line(pki: Path, tmp_path: Path) -> None:
