@@ -594,7 +594,6 @@ def _pool_file(
         device=device,
         threads=run.threads,
         thread_budget=None if device == "cuda" else run.cores,
-        poll_wait=2,
         slots_dir=run.out / "slots",
         slots=run.parallel,
         clients=members,

@@ -39,6 +39,8 @@ from fedprompt.worker.state import StateDir
 from pydantic import ValidationError
 
 log = logging.getLogger("fedprompt.worker")
+# the state of a client between tasks: it waits in a task long-poll
+IDLE = "idle"
 T = TypeVar("T")
 
 
@@ -193,7 +195,7 @@ class Agent:
         self.status.device = str(getattr(self.engine, "device", "cpu"))
         check_model(self.spec, self.engine)
         state_model_parameters(self.client, self.spec, self.engine, cfg.federation_id)
-        self.status.state = "idle"
+        self.status.state = IDLE
 
     # -- tasks --------------------------------------------------------------------------------
 
@@ -268,7 +270,7 @@ class Agent:
             lambda: client.report_evaluation(self.config.federation_id, version, report),
         )
         self.status.versions_evaluated.append(version)
-        self.status.state = "idle"
+        self.status.state = IDLE
 
     def _train(self, task: TrainTask) -> None:
         with self._heartbeats(task.round):
@@ -414,7 +416,7 @@ class Agent:
         self.status.last_train = {"round": number, **metrics}
         self._upload(number, blob)
         self.status.rounds_trained.append(number)
-        self.status.state = "idle"
+        self.status.state = IDLE
 
     def _elastic_threads(self) -> ElasticThreads:
         cfg = self.config
@@ -453,7 +455,7 @@ class Agent:
             log.warning("round %s: the %s stage was not answered: %s", number, stage, exc)
             self.status.last_error = f"secure aggregation {stage}, round {number}: {exc}"
             self._stop.wait(1.0)
-        self.status.state = "idle"
+        self.status.state = IDLE
 
     def _secure_allows(self, task: TrainTask) -> bool:
         """Whether this client makes a masked vector for a secure round's train task (worker/secagg.py);

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fedprompt.shared.spec import FederationSpec
-from fedprompt.worker.agent import Agent, AgentConfig, load_engine
+from fedprompt.worker.agent import IDLE, Agent, AgentConfig, load_engine
 from fedprompt.worker.data import DataError
 from fedprompt.worker.joining import FatalWorkerError
 from fedprompt.worker.poison import backdoor_from_options
@@ -193,12 +193,17 @@ class Pool:
             self._threads.append(thread)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop every client and wait for their threads."""
+        """Stop every client and wait, `timeout` seconds for all of them together, for the threads of
+        those at work (a training client stops at its next step). An idle client waits in a task
+        long-poll, which cannot be interrupted and holds nothing: its thread is a daemon, left to end
+        with the process."""
         self._stopping.set()
         for agent in self.agents:
             agent.stop()
-        for thread in self._threads:
-            thread.join(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        for agent, thread in zip(self.agents, self._threads, strict=True):
+            if agent.status.state != IDLE:
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def alive(self) -> int:
         """How many client loops are still running."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from fedprompt.worker.agent import WorkerStatus
+from fedprompt.worker.agent import IDLE, WorkerStatus
 from fedprompt.worker.joining import FatalWorkerError
 from fedprompt.worker.pool import Pool, _run_agent
 from fedprompt.worker.reach import Unreachable, backoff, wait_reachable
@@ -128,6 +128,35 @@ def test_stopping_the_pool_ends_a_waiting_restart() -> None:
     pool.start()
     pool.stop(timeout=5.0)
     assert pool.alive() == 0
+
+
+class PollingAgent(FakeAgent):
+    """An idle agent blocked in a task long-poll that no stop() interrupts, or one at work that stops."""
+
+    def __init__(self, state: str) -> None:
+        super().__init__()
+        self.status.state = state
+        self.released = threading.Event()
+
+    def run(self) -> None:
+        self.runs += 1
+        if self.status.state == IDLE:
+            self.released.wait(600)  # the poll returns when the coordinator answers
+        else:
+            self.stopped.wait(600)  # training: the next step sees the stop
+
+
+def test_stopping_the_pool_waits_for_clients_at_work_not_for_a_long_poll() -> None:
+    polling, training = PollingAgent(IDLE), PollingAgent("training")
+    pool = Pool([polling, training])  # type: ignore[list-item]
+    pool.start()
+    stopper = threading.Thread(target=pool.stop, kwargs={"timeout": 600.0})
+    stopper.start()
+    stopper.join(30.0)
+    assert not stopper.is_alive()  # it did not wait out the 600 s poll
+    assert pool._threads[1].is_alive() is False  # the training client's thread was waited for
+    assert pool._threads[0].is_alive()  # the polling one is left to end with the process
+    polling.released.set()
 
 
 def test_serve_exits_1_with_one_line_when_the_coordinator_stays_unreachable(tmp_path: Path) -> None:
