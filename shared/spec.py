@@ -18,6 +18,7 @@ from fedprompt.shared.vocab import (
     Family,
     LocalOptimizer,
     Method,
+    Mode,
     Scoring,
     ServerOptimizer,
 )
@@ -91,6 +92,7 @@ EncoderTypeName = Annotated[EncoderType, ByText()]
 ScoringName = Annotated[Scoring, ByText()]
 DriftCorrectionName = Annotated[DriftCorrection, ByText()]
 LocalOptimizerName = Annotated[LocalOptimizer, ByText()]
+ModeName = Annotated[Mode, ByText()]
 # the optimisers with defaults in SERVER_OPTIMIZER_DEFAULTS, each with its update rule in
 # coordinator/logic/server_optim.py (tests/coordinator/test_vocab_registries.py checks both)
 ServerOptimizerName = Annotated[ServerOptimizer, ByText(SERVER_OPTIMIZER_DEFAULTS)]
@@ -435,6 +437,40 @@ class FederationSpec(BaseModel):
         None,
         description="Secure aggregation of each round (none: updates are sent and stored in the clear).",
     )
+    mode: ModeName = Field(
+        Mode.SYNC,
+        description="sync: rounds (a selection of C·K clients, one version from their updates); async: "
+        "buffered asynchronous aggregation (FedBuff): at most `concurrency` clients train at once, each "
+        "from the latest version when it asked, and every `buffer_size` accepted updates make one version "
+        "from their staleness-weighted mean; `rounds` counts versions (docs/async.md).",
+    )
+    concurrency: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="async only: the most clients training at once (default: no limit but the clients "
+        "enrolled). A client is given a new task as soon as it uploads, from the latest version.",
+    )
+    buffer_size: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="async only: B, the accepted updates that make a new version (default 2).",
+    )
+    max_staleness: int | None = Field(
+        None,
+        ge=0,
+        le=1_000_000,
+        description="async only: an update trained from a version more than this many versions behind "
+        "the one its buffer builds on is refused (410) and the client trains again (default 10).",
+    )
+    server_lr: float | None = Field(
+        None,
+        gt=0,
+        le=100,
+        description="async only: the server's learning rate η on the buffered mean of the clients' "
+        "staleness-weighted changes (default 1: with fresh updates, a buffer is FedAvg of its clients).",
+    )
     seed: int = Field(0, ge=0, le=2**32 - 1)
     auto_advance: bool = True
 
@@ -484,6 +520,7 @@ class FederationSpec(BaseModel):
                     raise ValueError(
                         f"drift_correction scaffold cannot be combined with {why}; use fedprox instead"
                     )
+        self._check_mode()
         if "[MASK]" not in self.template:
             raise ValueError("template needs a [MASK] slot where the label word is read")
         try:
@@ -491,6 +528,42 @@ class FederationSpec(BaseModel):
         except MethodError as exc:
             raise ValueError(str(exc)) from None
         return self
+
+    def _check_mode(self) -> None:
+        """The async fields only in async mode (filled with their defaults there); what async refuses."""
+        fields = ("concurrency", "buffer_size", "max_staleness", "server_lr")
+        if self.mode == Mode.SYNC:
+            given = [name for name in fields if getattr(self, name) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only with mode 'async' (this federation is 'sync')")
+            return
+        for clash, why in (
+            (
+                self.secure_aggregation is not None,
+                "secure_aggregation: its masks cancel only in the sum of one fixed set of clients "
+                "that started from the same version, and a buffer holds whoever arrives, from any version",
+            ),
+            (
+                self.scaffold,
+                "drift_correction scaffold: its control variates assume every update starts "
+                "from the round's version",
+            ),
+            (
+                self.fraction != 1.0,
+                "fraction: there is no per-round selection; limit the clients training "
+                "at once with concurrency",
+            ),
+        ):
+            if clash:
+                raise ValueError(f"mode 'async' cannot be combined with {why}")
+        self.buffer_size = self.buffer_size if self.buffer_size is not None else ASYNC_BUFFER_SIZE
+        self.max_staleness = self.max_staleness if self.max_staleness is not None else ASYNC_MAX_STALENESS
+        self.server_lr = self.server_lr if self.server_lr is not None else 1.0
+
+    @property
+    def buffered(self) -> bool:
+        """Whether the federation aggregates asynchronously (mode async)."""
+        return self.mode == Mode.ASYNC
 
     def method_config(self) -> MethodConfig:
         """The fields that fix the method's communicated tensors."""
@@ -546,6 +619,8 @@ class FederationSpec(BaseModel):
         return min(available, max(math.ceil(self.fraction * available - 1e-9), self.min_clients))
 
 
+ASYNC_BUFFER_SIZE = 2  # mode async: updates per version, unless buffer_size says otherwise
+ASYNC_MAX_STALENESS = 10  # mode async: versions an update may lag, unless max_staleness says otherwise
 STALE_HEARTBEATS = 3  # heartbeats a site may miss before it is shown stale
 SECURE_AGGREGATION_MIN_CLIENTS = 3  # with two, each could subtract its own update from the mean
 

@@ -141,6 +141,13 @@ class LocalOptimizer(StrEnum):
     SGD = "sgd"
 
 
+class Mode(StrEnum):
+    """How a federation turns updates into prompt versions (docs/async.md)."""
+
+    SYNC = "sync"  # rounds: a selection, every selected client's update (or the deadline), one version
+    ASYNC = "async"  # buffered (FedBuff): clients train from the version they pulled; every B updates, one
+
+
 class DriftCorrection(StrEnum):
     """Client-drift correction of the local steps (shared/drift.py)."""
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from fedprompt.coordinator.errors import Conflict, Forbidden, Gone, Invalid, NotFound, revoked_client
+from fedprompt.coordinator.logic import buffered
 from fedprompt.coordinator.persistence.db import MAX_ID
 from fedprompt.shared import jsonlimits, wire
 from fedprompt.shared.contract import UploadReceipt
@@ -38,6 +39,9 @@ class UploadResult:
     # caller closes it: after_upload); across replicas, a round two batches complete together is
     # closed by the deadline sweep, within FEDPROMPT_SWEEP_INTERVAL_S
     round_complete: bool = False
+    # mode async: the buffer (round id) whose version counts this update, and its staleness there
+    buffer_round_id: int | None = None
+    staleness: int | None = None
 
     def receipt(self) -> UploadReceipt:
         """The receipt, as the API answers it."""
@@ -63,6 +67,14 @@ class StoredUpdate(NamedTuple):
     sha256: str
     num_samples: int
     size: int
+
+
+class Buffer(NamedTuple):
+    """Mode async: the open buffer (round) an update may be counted in, and the staleness allowed."""
+
+    id: int
+    number: int
+    max_staleness: int
 
 
 class Selection(NamedTuple):
@@ -91,13 +103,15 @@ def check_update(
     stored: Mapping[tuple[int, int], StoredUpdate],
     selected: Mapping[tuple[int, int], Selection],
     current_round: int,
+    buffer: Buffer | None = None,
 ) -> UploadResult:
     """Whether a validated upload may be stored: an UploadResult (created: insert it, with its weight
     clipped to the enrolled figure; not created: an identical re-send of an acknowledged upload), or
     the ServiceError that says why not.
 
     `attempts` are the round's attempts, latest first (rows with id, attempt, state, base_version);
-    `stored` and `selected` are keyed by (round attempt id, client id).
+    `stored` and `selected` are keyed by (round attempt id, client id). `buffer` (mode async): the open
+    buffer, where an update of a round that closed meanwhile is counted if it is not too stale.
     """
     number, cid, digest = item.number, item.client_id, item.digest
     if not attempts:
@@ -107,8 +121,18 @@ def check_update(
         if upd is not None and upd.sha256 == digest:
             return UploadResult(number, rnd.attempt, cid, digest, upd.num_samples, upd.size, created=False)
     current = attempts[0]
+    counted_in, tau = (current.id, 0) if buffer is not None else (None, None)
     if current.state != RoundState.OPEN:
-        raise Gone(f"round {number} is {current.state}; the current round is {current_round}")
+        if buffer is None or current.state != RoundState.CLOSED:
+            raise Gone(f"round {number} is {current.state}; the current round is {current_round}")
+        tau = buffered.staleness(buffer.number - 1, current.base_version)
+        if buffered.too_stale(tau, buffer.max_staleness):
+            raise Gone(
+                f"update of round {number} was trained from version {current.base_version}, {tau} versions "
+                f"behind the latest ({buffer.number - 1}), more than max_staleness {buffer.max_staleness}; "
+                "ask for a new task and train from the latest version"
+            )
+        counted_in = buffer.id
     if (current.id, cid) in stored:
         raise no_replacing(cid, number)
     participant = selected.get((current.id, cid))
@@ -122,7 +146,17 @@ def check_update(
             f"starts from version {current.base_version}; download it and train again"
         )
     samples = weight(item.num_samples, participant.enrolled_samples)
-    return UploadResult(number, current.attempt, cid, digest, samples, len(item.body), created=True)
+    return UploadResult(
+        number,
+        current.attempt,
+        cid,
+        digest,
+        samples,
+        len(item.body),
+        created=True,
+        buffer_round_id=counted_in,
+        staleness=tau,
+    )
 
 
 def _finite_number(value: Any) -> bool:

@@ -128,6 +128,9 @@ class Participant(Base):
     round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id", ondelete="CASCADE"), index=True)
     client_id: Mapped[int] = mapped_column(ForeignKey("clients.id", ondelete="CASCADE"), index=True)
     downloaded_bytes: Mapped[int] = mapped_column(Integer, default=0)
+    # mode async: when the client was handed this task (it holds one of the concurrency slots until it
+    # uploads or round_deadline_s passes); None in sync rounds, where the round's selection decides
+    dispatched_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class Update(Base):
@@ -144,6 +147,13 @@ class Update(Base):
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     size: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[float] = mapped_column(Float)
+    # mode async: the buffer (an open round) whose version counts this update, which is its own round
+    # unless that one had closed when it arrived, and how many versions stale it was there; None in
+    # sync rounds
+    buffer_round_id: Mapped[int | None] = mapped_column(
+        ForeignKey("rounds.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    staleness: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class PromptVersion(Base):

@@ -168,6 +168,12 @@ class Store:
     def count_updates(self, s: Session, round_id: int) -> int:
         return s.scalar(select(func.count()).select_from(Update).where(Update.round_id == round_id)) or 0
 
+    def buffer_count(self, s: Session, round_id: int) -> int:
+        """Mode async: the updates an open buffer (round) counts, its own and stale ones of closed rounds."""
+        return (
+            s.scalar(select(func.count()).select_from(Update).where(Update.buffer_round_id == round_id)) or 0
+        )
+
     def all_uploaded(self, s: Session, rnd: Any) -> bool:
         """Whether every client the round attempt selected has uploaded (the selection is cached)."""
         selected = self._selected.get(rnd.id)  # fixed when the round opens

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 from fedprompt.coordinator.errors import Conflict
-from fedprompt.coordinator.logic import server_optim
+from fedprompt.coordinator.logic import buffered, server_optim
 from fedprompt.coordinator.logic.aggregation import (
     AggregationError,
     AggregationResult,
@@ -89,7 +89,7 @@ class RoundCycle:
                     f"round {number} uses secure aggregation: it closes when its unmasking stage completes "
                     "or fails at a stage's deadline"
                 )
-            n = self.store.count_updates(s, rnd.id)
+            n = self.store.buffer_count(s, rnd.id) if spec.buffered else self.store.count_updates(s, rnd.id)
             if n < spec.quorum:
                 raise Conflict(f"round {number} has {n} update(s), below the quorum of {spec.quorum}; wait")
             self._aggregate(s, fed, rnd, by=by)
@@ -116,7 +116,7 @@ class RoundCycle:
                 continue
             with self.store.sessions() as s:
                 rnd = self.store.open_round(s, fid)
-                due = rnd is not None and (rnd.deadline_at <= now or self.store.all_uploaded(s, rnd))
+                due = rnd is not None and self._due(s, rnd, self.store.spec(s, fid), now)
             if due:
                 self._close_if_due(fid)
         for fid, _ in todo:
@@ -171,10 +171,19 @@ class RoundCycle:
             rnd = s.execute(
                 select(Round.id).where(Round.federation_id == fid, Round.state == RoundState.OPEN)
             ).first()
-            secure = self.store.spec(s, fid).secure_aggregation is not None  # its stages decide
-            due = rnd is not None and (secure or self.store.all_uploaded(s, rnd))
+            spec = self.store.spec(s, fid)
+            secure = spec.secure_aggregation is not None  # its stages decide
+            due = rnd is not None and (secure or self._due(s, rnd, spec, None))
         if due:
             self._close_if_due(fid)
+
+    def _due(self, s: Session, rnd: Any, spec: FederationSpec, now: float | None) -> bool:
+        """Whether the open round should be looked at now: its buffer is full (mode async), or every
+        selected client uploaded or its deadline passed (`now`; None: the deadline is not asked)."""
+        if spec.buffered:
+            assert spec.buffer_size is not None
+            return self.store.buffer_count(s, rnd.id) >= spec.buffer_size
+        return (now is not None and rnd.deadline_at <= now) or self.store.all_uploaded(s, rnd)
 
     def advance(self, s: Session, fed: Federation, *, manual: bool) -> Round | None:
         """Open the next round if the federation is due one (caller holds the federation lock)."""
@@ -227,16 +236,27 @@ class RoundCycle:
     def _start_round(self, s: Session, fed: Federation, number: int, attempt: int) -> Round | None:
         """Open round `number` (attempt `attempt`) with a fresh seeded selection, if enough clients."""
         spec = self.store.spec_of(fed)
+        if spec.buffered and number > 1:  # the next buffer opens at once; its clients come as they ask
+            return self._open(s, fed, spec, number, attempt, [])
         needed = spec.min_clients if number > 1 else (spec.expected_clients or spec.min_clients)
         # count first: while clients enrol one by one, each enrolment asks and most answers are "not yet"
         available_now = self._availability(fed, spec)
         if (s.scalar(select(func.count(Client.id)).where(*available_now)) or 0) < needed:
             fed.state = federation_after(fed.state, FederationEvent.WAIT)
             return None
+        if spec.buffered:
+            return self._open(s, fed, spec, number, attempt, [])
         available = list(s.scalars(select(Client.id).where(*available_now)).all())
         chosen = select_clients(
             available, spec.num_selected(len(available)), seed=spec.seed, round_number=number, attempt=attempt
         )
+        return self._open(s, fed, spec, number, attempt, chosen)
+
+    def _open(
+        self, s: Session, fed: Federation, spec: FederationSpec, number: int, attempt: int, chosen: list[int]
+    ) -> Round:
+        """Write the round's row and its selection (none in mode async: a buffer's clients are those
+        handed a task while it is open, coordinator/usecases/tasks.py)."""
         now = self.store.clock()
         rnd = Round(
             federation_id=fed.id,
@@ -255,7 +275,11 @@ class RoundCycle:
             self.secure.start(s, spec, rnd, chosen)
         fed.current_round, fed.updated_at = number, now
         fed.state = federation_after(fed.state, FederationEvent.OPEN_ROUND)
-        message = f"round {number} attempt {attempt} opened with clients {chosen}"
+        message = (
+            f"buffer {number} opened: version {number} is written once {spec.buffer_size} update(s) arrived"
+            if spec.buffered
+            else f"round {number} attempt {attempt} opened with clients {chosen}"
+        )
         self.store.event(s, fed.id, "round_opened", message, number)
         return rnd
 
@@ -290,6 +314,9 @@ class RoundCycle:
                         self._fail(s, fed, rnd, exc.detail)
                 elif outcome.action == "fail":
                     self._fail(s, fed, rnd, outcome.reason)
+            elif spec.buffered:  # a buffer never fails: it waits for its updates
+                if self._due(s, rnd, spec, None):
+                    self._aggregate(s, fed, rnd, by="buffer-full")
             elif self.store.all_uploaded(s, rnd):
                 self._aggregate(s, fed, rnd, by="all-uploaded")
             elif rnd.deadline_at <= self.store.clock():
@@ -327,11 +354,9 @@ class RoundCycle:
         spec = self.store.spec_of(fed)
         secure_round = spec.secure_aggregation is not None
         rnd.state = round_after(rnd.state, RoundEvent.AGGREGATE, secure=secure_round)
+        counted = Update.buffer_round_id == rnd.id if spec.buffered else Update.round_id == rnd.id
         updates = s.scalars(
-            select(Update)
-            .options(defer(Update.blob))
-            .where(Update.round_id == rnd.id)
-            .order_by(Update.client_id)
+            select(Update).options(defer(Update.blob)).where(counted).order_by(Update.client_id)
         ).all()
         base = s.scalars(
             select(PromptVersion).where(
@@ -345,6 +370,19 @@ class RoundCycle:
             if secure_round:
                 tensors, secure = self.secure.aggregate(s, spec, rnd, wire.decode(base.blob)[0])
                 result = AggregationResult(tensors)
+            elif spec.buffered:
+                current = wire.decode(base.blob)[0]
+                rebased = list(buffered_updates(s, fed.id, rnd, current, declared=declared))
+                if spec.aggregation.name == AggregationRule.FEDAVG:
+                    result = AggregationResult(fedavg_stream(iter(rebased), sum(w for _, w in rebased)))
+                else:
+                    result = aggregate(
+                        spec.aggregation.name, rebased, params=spec.aggregation.params, global_tensors=current
+                    )
+                assert spec.server_lr is not None
+                result = AggregationResult(
+                    buffered.server_move(current, result.tensors, spec.server_lr), result.notes
+                )
             elif (
                 spec.aggregation.name == AggregationRule.FEDAVG
             ):  # streams: one decoded update in memory at a time
@@ -397,10 +435,26 @@ class RoundCycle:
         )
         if secure is not None:
             rnd.stats = {**rnd.stats, "secure_aggregation": secure}
+        if spec.buffered:
+            taus = [u.staleness or 0 for u in updates]
+            rnd.stats = {
+                **rnd.stats,
+                "buffer": {
+                    "updates": len(updates),
+                    "buffer_size": spec.buffer_size,
+                    "staleness": buffered.staleness_histogram(taus),
+                    "mean_staleness": sum(taus) / len(taus) if taus else 0.0,
+                    "server_lr": spec.server_lr,
+                },
+            }
         rnd.state = round_after(rnd.state, RoundEvent.CLOSE, secure=secure_round)
         rnd.result_version, rnd.closed_at, rnd.closed_by = version, now, by
         fed.latest_version, fed.updated_at = version, now
-        message = f"round {rnd.number} aggregated {len(updates)} update(s)"
+        message = (
+            f"buffer {rnd.number} aggregated {len(updates)} update(s) into version {version}"
+            if spec.buffered
+            else f"round {rnd.number} aggregated {len(updates)} update(s)"
+        )
         self.store.event(s, fed.id, "round_closed", message, rnd.number)
         if rnd.number >= spec.rounds:
             fed.state = federation_after(fed.state, FederationEvent.COMPLETE)
@@ -473,6 +527,34 @@ class RoundCycle:
             )
         )
         return AggregationResult(tensors, result.notes), record
+
+
+def buffered_updates(
+    s: Session, fid: int, rnd: Round, current: dict[str, np.ndarray], *, declared: dict[int, int]
+) -> Iterator[tuple[dict[str, Any], float]]:
+    """Mode async: a buffer's updates, each rebased onto the version the buffer builds on (its change
+    from its own base, down-weighted by its staleness: coordinator/logic/buffered.py), weighted by its
+    stored num_samples, in content order. The base versions are decoded once each."""
+    rows = s.execute(
+        select(Update.id, Update.client_id, Update.num_samples, Update.staleness, Round.base_version)
+        .join(Round, Round.id == Update.round_id)
+        .where(Update.buffer_round_id == rnd.id)
+        .order_by(Update.num_samples, Update.sha256)
+    ).all()
+    bases: dict[int, dict[str, np.ndarray]] = {rnd.base_version: current}
+    for uid, cid, num_samples, tau, base_version in rows:
+        if base_version not in bases:
+            blob = s.scalars(
+                select(PromptVersion.blob).where(
+                    PromptVersion.federation_id == fid, PromptVersion.version == base_version
+                )
+            ).one()
+            bases[base_version] = wire.decode(blob)[0]
+        tensors, meta = wire.decode(s.scalars(select(Update.blob).where(Update.id == uid)).one())
+        claimed = declared_samples(meta)
+        if claimed is not None:
+            declared[cid] = claimed
+        yield buffered.rebase(current, bases[base_version], tensors, int(tau or 0)), float(num_samples)
 
 
 def decoded_updates(

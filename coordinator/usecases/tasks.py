@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from fedprompt.coordinator.errors import Gone, NotFound
@@ -55,6 +55,40 @@ _PARTICIPANTS = select(Participant.client_id, Participant.id).where(
     Participant.round_id == bindparam("round")
 )
 _UPLOADED = select(Update.client_id).where(Update.round_id == bindparam("round"))
+_TASKED = select(Participant.id).where(
+    Participant.round_id == bindparam("round"), Participant.client_id == bindparam("client")
+)
+_HELD = (  # mode async: tasks handed out since the cutoff and not uploaded
+    select(
+        Participant.client_id,
+        Round.number,
+        Round.attempt,
+        Round.base_version,
+        Participant.dispatched_at,
+    )
+    .join(Round, Round.id == Participant.round_id)
+    .outerjoin(
+        Update, and_(Update.round_id == Participant.round_id, Update.client_id == Participant.client_id)
+    )
+    .where(
+        Round.federation_id == bindparam("fid"),
+        Participant.dispatched_at >= bindparam("cutoff"),
+        Update.id.is_(None),
+    )
+    .order_by(Participant.dispatched_at)
+)
+
+
+class _Held(NamedTuple):
+    """A train task handed out in mode async (the columns of _HELD)."""
+
+    client_id: int
+    number: int
+    attempt: int
+    base_version: int
+    dispatched_at: float
+
+
 _REPORTED = select(Evaluation.client_id).where(
     Evaluation.federation_id == bindparam("fid"), Evaluation.version == bindparam("version")
 )
@@ -227,7 +261,10 @@ class Tasks:
         if self.idle.idle(fid, stamp, client.id):
             return None
         generation = self.idle.generation(fid)
-        if self.store.cached_spec(fid).secure_aggregation is not None:
+        spec = self.store.cached_spec(fid)
+        if spec.buffered:  # a task handed out, or an upload, frees or takes a slot: no mark holds
+            return self.next_buffered_task(fid, client)
+        if spec.secure_aggregation is not None:
             found = self.next_task(fid, client)  # a secure round's stages are per client
         else:
             found = self._from_board(fid, client, stamp, generation)
@@ -308,6 +345,67 @@ class Tasks:
             done=self._done_task(fed),
         )
 
+    def next_buffered_task(self, fid: int, client: Client) -> dict[str, Any] | None:
+        """Mode async: evaluate the latest version when it is due (as in rounds); else the train task
+        this client holds (handed out within round_deadline_s and not uploaded); else a new one from
+        the latest version, if the client has not trained from it yet and fewer than `concurrency`
+        clients hold one; else nothing. A new task is written under the federation lock, where the
+        client's standing and the count are checked again, so replicas never hand out more."""
+        with self.store.sessions() as s:
+            c = s.connection()
+            fed = self.store.fed_row(s, fid)
+            spec = self.store.spec(s, fid)
+            latest = fed.latest_version
+            evaluate = self._evaluation_for(s, fed, spec, client)
+            if evaluate is not None:
+                return evaluate
+            if fed.state == FederationState.COMPLETED:
+                return self._done_task(fed)
+            held = self._held_tasks(c, fid, spec, latest)
+            own = [row for row in held if row.client_id == client.id]
+            if own:
+                return self._buffered_train_task(s, fed, own[-1], spec)
+            rnd = c.execute(_OPEN_ROUND, {"fid": fid}).first()
+            if rnd is None or not self._may_dispatch(c, rnd.id, client.id, len(held), spec):
+                return None
+        with self.store.tx() as s:
+            fed_obj = self.store.lock_federation(s, fid)
+            self.store.require_active(s, client.id)
+            c = s.connection()
+            rnd = c.execute(_OPEN_ROUND, {"fid": fid}).first()
+            held = self._held_tasks(c, fid, spec, fed_obj.latest_version)
+            if rnd is None or any(row.client_id == client.id for row in held):
+                return None  # the buffer closed, or a concurrent poll of this client took one: ask again
+            if not self._may_dispatch(c, rnd.id, client.id, len(held), spec):
+                return None
+            now = self.store.clock()
+            s.add(Participant(round_id=rnd.id, client_id=client.id, dispatched_at=now))
+            fed_obj.updated_at = now
+            row = _Held(client.id, rnd.number, rnd.attempt, rnd.base_version, now)
+            return self._buffered_train_task(s, self.store.fed_row(s, fid), row, spec)
+
+    @staticmethod
+    def _may_dispatch(c: Any, round_id: int, client_id: int, held: int, spec: FederationSpec) -> bool:
+        """Whether a client may be handed a task of the open buffer: it has not had one from this
+        version (a second update from the same version would be counted twice in effect), and a
+        concurrency slot is free."""
+        if spec.concurrency is not None and held >= spec.concurrency:
+            return False
+        return c.scalar(_TASKED, {"round": round_id, "client": client_id}) is None
+
+    def _held_tasks(self, c: Any, fid: int, spec: FederationSpec, latest: int) -> list[Any]:
+        """Mode async: the train tasks held now (handed out within round_deadline_s, not uploaded, not
+        yet too stale to be counted: from a version at most max_staleness behind `latest`), oldest first."""
+        assert spec.max_staleness is not None
+        cutoff = self.store.clock() - spec.round_deadline_s
+        rows = c.execute(_HELD, {"fid": fid, "cutoff": cutoff}).all()
+        return [row for row in rows if latest - row.base_version <= spec.max_staleness]
+
+    def _buffered_train_task(self, s: Session, fed: Any, row: Any, spec: FederationSpec) -> dict[str, Any]:
+        """A train task of mode async: the round it was handed out in, from that round's base version,
+        due round_deadline_s after it was handed out."""
+        return self._train_task(s, fed, row, spec, deadline_at=row.dispatched_at + spec.round_deadline_s)
+
     def next_task(self, fid: int, client: Client) -> dict[str, Any] | None:
         """What this client should do now: answer a secure round's keys, shares or unmasking stage
         (first: they take milliseconds and have short deadlines), evaluate the latest prompt (when that
@@ -316,19 +414,15 @@ class Tasks:
             c = s.connection()  # plain column reads on the Core connection: no ORM result processing
             fed = self.store.fed_row(s, fid)
             spec = self.store.spec(s, fid)
-            latest = fed.latest_version
             rnd = c.execute(_OPEN_ROUND, {"fid": fid}).first()
             step = None  # a secure round's stage for this client: its stage decides, uploaded or not
             if spec.secure_aggregation is not None and rnd is not None:
                 step = self.secure.task(s, fid, rnd, client.id, spec)
                 if step is not None and step["stage"] != SecureStage.MASKED:  # the masked stage trains first
                     return step
-            if evaluation_due(latest, eval_every=spec.eval_every, rounds=spec.rounds) and asked_to_evaluate(
-                client.info, spec.evaluators, self._rank(c, fid, client.id) if spec.evaluators else None
-            ):
-                evaluated = c.scalar(_EVALUATED, {"fid": fid, "version": latest, "client": client.id})
-                if evaluated is None:
-                    return self._evaluate_task(s, fed)
+            evaluate = self._evaluation_for(s, fed, spec, client)
+            if evaluate is not None:
+                return evaluate
             if rnd is not None:
                 pending = c.scalar(_PENDING, {"round": rnd.id, "client": client.id})
                 if spec.secure_aggregation is not None:
@@ -342,6 +436,21 @@ class Tasks:
                 elif pending is not None:
                     return self._train_task(s, fed, rnd, spec)
         return self._done_task(fed)
+
+    def _evaluation_for(
+        self, s: Session, fed: Any, spec: FederationSpec, client: Client
+    ) -> dict[str, Any] | None:
+        """The evaluate task of the latest version, if it is due one, this client is asked to (the
+        spec's evaluators) and has not reported it yet."""
+        latest, c = fed.latest_version, s.connection()
+        if not evaluation_due(latest, eval_every=spec.eval_every, rounds=spec.rounds):
+            return None
+        rank = self._rank(c, fed.id, client.id) if spec.evaluators else None
+        if not asked_to_evaluate(client.info, spec.evaluators, rank):
+            return None
+        if c.scalar(_EVALUATED, {"fid": fed.id, "version": latest, "client": client.id}) is not None:
+            return None
+        return self._evaluate_task(s, fed)
 
     @staticmethod
     def _rank(c: Any, fid: int, client_id: int) -> int:
@@ -372,15 +481,17 @@ class Tasks:
             return None
         return {"kind": TaskKind.DONE, "round": fed.current_round, "version": fed.latest_version}
 
-    def _train_task(self, s: Session, fed: Any, rnd: Any, spec: FederationSpec) -> dict[str, Any]:
-        """Train from the round's base version and upload."""
+    def _train_task(
+        self, s: Session, fed: Any, rnd: Any, spec: FederationSpec, deadline_at: float | None = None
+    ) -> dict[str, Any]:
+        """Train from the round's base version and upload (by the round's deadline unless another is given)."""
         return {
             "kind": TaskKind.TRAIN,
             "round": rnd.number,
             "attempt": rnd.attempt,
             "version": rnd.base_version,
             "sha256": self.store.version_sha(s, fed, rnd.base_version),
-            "deadline_at": rnd.deadline_at,
+            "deadline_at": rnd.deadline_at if deadline_at is None else deadline_at,
             "config": {
                 "local_steps": spec.local_steps,
                 "local_epochs": spec.local_epochs,

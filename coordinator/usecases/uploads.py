@@ -23,6 +23,7 @@ from fedprompt.coordinator.logic.evaluation import (
     summarize_evaluations,
 )
 from fedprompt.coordinator.logic.uploads import (
+    Buffer,
     PendingUpload,
     Selection,
     StoredUpdate,
@@ -44,6 +45,7 @@ from fedprompt.coordinator.persistence.groupcommit import GroupCommit, one_by_on
 from fedprompt.coordinator.persistence.store import Store, no_federation
 from fedprompt.coordinator.usecases.secagg import SecureRounds
 from fedprompt.shared import evalstats, wire
+from fedprompt.shared.vocab import RoundState
 from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import defer
@@ -95,11 +97,31 @@ class Uploads:
         """The checks and inserts of a batch of uploads in one transaction: a handful of column reads
         for the whole batch and one multi-row insert, no ORM objects. On SQLite this transaction
         holds the write lock, so its length bounds how many uploads a second the coordinator takes."""
+        spec = self.store.cached_spec(fid)
         with self.store.tx(urgent=True) as s:
             c = s.connection()  # column reads and a multi-row insert on the Core connection
-            current_round = c.scalar(  # FOR SHARE: see Store.lock_federation
-                select(Federation.current_round).where(Federation.id == fid).with_for_update(read=True)
-            )
+            fed: Federation | None = None
+            buffer: Buffer | None = None
+            if spec.buffered:  # exclusively: an accepted update frees a slot, announced as a change
+                fed = s.scalars(
+                    select(Federation)
+                    .options(defer(Federation.spec))
+                    .where(Federation.id == fid)
+                    .with_for_update()
+                ).first()
+                current_round = None if fed is None else fed.current_round
+                open_buffer = c.execute(
+                    select(Round.id, Round.number).where(
+                        Round.federation_id == fid, Round.state == RoundState.OPEN
+                    )
+                ).first()
+                if open_buffer is not None:
+                    assert spec.max_staleness is not None
+                    buffer = Buffer(open_buffer.id, open_buffer.number, spec.max_staleness)
+            else:
+                current_round = c.scalar(  # FOR SHARE: see Store.lock_federation
+                    select(Federation.current_round).where(Federation.id == fid).with_for_update(read=True)
+                )
             if current_round is None:
                 return [no_federation(fid) for _ in items]
             attempts: dict[int, list[Any]] = defaultdict(list)  # round number -> attempts, latest first
@@ -135,7 +157,7 @@ class Uploads:
             for item in items:
                 try:
                     result = check_update(
-                        item, attempts.get(item.number, []), stored, selected, current_round
+                        item, attempts.get(item.number, []), stored, selected, current_round, buffer
                     )
                 except ServiceError as exc:
                     out.append(exc)
@@ -156,9 +178,22 @@ class Uploads:
                             "metrics": item.metrics,
                             "size": result.size,
                             "created_at": self.store.clock(),
+                            "buffer_round_id": result.buffer_round_id,
+                            "staleness": result.staleness,
                         }
                     )
-            if rows:
+            if rows and buffer is not None:
+                assert fed is not None and spec.buffer_size is not None
+                c.execute(insert(Update), rows)
+                fed.updated_at = self.store.clock()  # a slot is free: waiting clients look again
+                if self.store.buffer_count(s, buffer.id) >= spec.buffer_size:
+                    out = [
+                        dataclasses.replace(r, round_complete=True)
+                        if isinstance(r, UploadResult) and r.created
+                        else r
+                        for r in out
+                    ]
+            elif rows:
                 c.execute(insert(Update), rows)
                 for number in {
                     i.number for i, r in zip(items, out, strict=True) if isinstance(r, UploadResult)
