@@ -115,3 +115,28 @@ def test_async_refuses_what_it_cannot_honour(api: TestClient) -> None:
         assert r.status_code == 422 and words in r.text, r.text
     r = api.post(API, json={**SMALL_SPEC, "buffer_size": 3}, headers=ADMIN_AUTH)
     assert r.status_code == 422 and "only with mode 'async'" in r.text
+
+
+def test_a_robust_rule_sees_the_buffer_rebased_and_a_late_client_starts_from_the_latest(
+    api: TestClient,
+) -> None:
+    spec = {**SPEC, "aggregation": {"name": "median"}, "buffer_size": 3, "concurrency": None, "rounds": 2}
+    fid, clients = enrol_clients(api, spec, 3, num_samples=100)
+    tasks = [_task(api, fid, h) for h in clients]
+    sent = []
+    for i, (h, t) in enumerate(zip(clients, tasks, strict=True)):
+        assert t is not None and t["version"] == 0
+        answer, y = _upload(api, fid, h, t, 10 + i, 10 * (i + 1))
+        assert answer.status_code == 201
+        sent.append(y["prompt_embeddings"])
+    # fresh updates: the coordinate-wise median of the prompts themselves, whatever their weights
+    np.testing.assert_allclose(_version(api, fid, 1)["prompt_embeddings"], np.median(sent, axis=0), atol=1e-6)
+
+    token = api.post(f"{API}/{fid}/enrollment-tokens", json={}, headers=ADMIN_AUTH).json()["token"]
+    late = api.post(
+        f"{API}/{fid}/clients",
+        json={"name": "late", "num_samples": 100},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    first = _task(api, fid, {"Authorization": f"Bearer {late.json()['token']}"})
+    assert first is not None and (first["round"], first["version"]) == (2, 1)
