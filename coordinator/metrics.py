@@ -195,6 +195,11 @@ class DatabaseGauges(Collector):
                 lambda c: c["accuracy"],
             ),
             (
+                "fedprompt_buffer_updates",
+                "Mode async: updates in the open buffer so far (a version is written at buffer_size).",
+                lambda c: c.get("buffer_filled"),
+            ),
+            (
                 "fedprompt_collapsed_versions",
                 "Prompt versions whose clients' evaluations, summed, show a constant predictor "
                 "(a 'version_collapsed' event).",
@@ -207,6 +212,11 @@ class DatabaseGauges(Collector):
             "fedprompt_sites",
             "Clients by site state: live, training, stale, gone, revoked (docs/dashboard.md).",
             labels=["federation", "state"],
+        )
+        staleness = GaugeMetricFamily(
+            "fedprompt_buffered_updates",
+            "Mode async: updates counted in a buffer so far, by their staleness (versions behind).",
+            labels=["federation", "staleness"],
         )
         secagg_dropped = GaugeMetricFamily(
             "fedprompt_secagg_dropped",
@@ -228,7 +238,9 @@ class DatabaseGauges(Collector):
                     sites.add_metric([str(fid), state], n)
                 for stage, n in sorted(c.get("secagg_dropped", {}).items()):
                     secagg_dropped.add_metric([str(fid), stage], n)
-        yield from (up, feds, rounds, *singles, sites, secagg_dropped)
+                for tau, n in sorted(c.get("staleness", {}).items(), key=lambda kv: int(kv[0])):
+                    staleness.add_metric([str(fid), tau], n)
+        yield from (up, feds, rounds, *singles, sites, staleness, secagg_dropped)
 
 
 class CoordinatorMetrics:

@@ -123,6 +123,34 @@ class ClientCounts(Open):
     available: int
 
 
+class BufferClient(Open):
+    client_id: int
+    name: str
+    updates: int = Field(..., description="Its updates counted in a buffer so far.")
+    updates_per_minute: float | None = Field(
+        None, description="Between its first and its last counted update (none below two)."
+    )
+
+
+class BufferStatus(Open):
+    buffer_size: int
+    concurrency: int | None
+    max_staleness: int
+    server_lr: float
+    open_buffer: int | None = Field(
+        ..., description="The round number (= the version it writes) of the open buffer."
+    )
+    filled: int = Field(..., description="Updates in the open buffer so far.")
+    tasks_held: int = Field(
+        ..., description="Train tasks handed out and not uploaded (each holds a concurrency slot)."
+    )
+    training: list[int] = Field(..., description="The clients holding them.")
+    staleness: dict[str, int] = Field(
+        ..., description="Updates counted so far by staleness τ (versions behind)."
+    )
+    clients: list[BufferClient]
+
+
 class FederationStatus(Open):
     id: int
     name: str
@@ -137,6 +165,9 @@ class FederationStatus(Open):
     best_version: BestVersion | None = Field(
         None,
         description="The best evaluated version ('best' in prompt and export paths); none before any evaluation.",
+    )
+    buffer: BufferStatus | None = Field(
+        None, description="Mode async only: the buffers and the clients' throughput."
     )
     spec: dict[str, Any]
     created_at: float

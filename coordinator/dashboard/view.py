@@ -220,6 +220,7 @@ def federation_detail(
         "rounds_total": status["rounds_total"],
         "latest_version": status["latest_version"],
         "best_version": status.get("best_version"),
+        "buffer": buffer_view(status.get("buffer"), names),
         "clients_summary": status["clients"],
         "quorum": int(spec.get("quorum", 1)),
         "fraction": spec.get("fraction"),
@@ -246,6 +247,18 @@ def federation_detail(
         ],
         "has_asr": any(v is not None for v in charts["asr"]),
         "site_summary": site_summary(clients),
+    }
+
+
+def buffer_view(buffer: dict[str, Any] | None, names: dict[int, str]) -> dict[str, Any] | None:
+    """Mode async's block: the open buffer's fill, who trains, the staleness line and the clients'
+    throughput (None for a federation of rounds)."""
+    if buffer is None:
+        return None
+    return {
+        **buffer,
+        "training_names": [names.get(cid, f"#{cid}") for cid in buffer["training"]],
+        "staleness_line": " · ".join(f"τ={tau}: {n}" for tau, n in buffer["staleness"].items()) or "none yet",
     }
 
 

@@ -73,3 +73,10 @@ def staleness_histogram(taus: Iterable[int]) -> dict[str, int]:
     """How many updates had each staleness, keyed by τ as text (a JSON object), in ascending order."""
     counts = Counter(int(t) for t in taus)
     return {str(tau): counts[tau] for tau in sorted(counts)}
+
+
+def throughput(updates: int, first_at: float, last_at: float) -> float | None:
+    """A client's accepted updates per minute between its first and its last (None below two)."""
+    if updates < 2 or last_at <= first_at:
+        return None
+    return 60.0 * (updates - 1) / (last_at - first_at)

@@ -42,7 +42,7 @@ from fedprompt.coordinator.persistence.downloadlog import DownloadLog
 from fedprompt.coordinator.persistence.writelock import WriteLock
 from fedprompt.shared.spec import FederationSpec
 from fedprompt.shared.vocab import RoundState
-from sqlalchemy import bindparam, event, func, select
+from sqlalchemy import and_, bindparam, event, func, select
 from sqlalchemy.orm import Session, defer, sessionmaker
 
 # A poll does not write last_seen_at again within the federation's heartbeat interval
@@ -62,6 +62,19 @@ log = logging.getLogger("fedprompt.coordinator")
 # cache key on every request (SQLAlchemy then finds the compiled form in its cache).
 _FED_ROW = select(Federation.id, Federation.state, Federation.current_round, Federation.latest_version).where(
     Federation.id == bindparam("fid")
+)
+_HELD = (  # mode async: train tasks handed out since the cutoff and not uploaded, oldest first
+    select(Participant.client_id, Round.number, Round.attempt, Round.base_version, Participant.dispatched_at)
+    .join(Round, Round.id == Participant.round_id)
+    .outerjoin(
+        Update, and_(Update.round_id == Participant.round_id, Update.client_id == Participant.client_id)
+    )
+    .where(
+        Round.federation_id == bindparam("fid"),
+        Participant.dispatched_at >= bindparam("cutoff"),
+        Update.id.is_(None),
+    )
+    .order_by(Participant.dispatched_at)
 )
 _STAMP = select(
     Federation.state, Federation.current_round, Federation.latest_version, Federation.updated_at
@@ -173,6 +186,15 @@ class Store:
         return (
             s.scalar(select(func.count()).select_from(Update).where(Update.buffer_round_id == round_id)) or 0
         )
+
+    def held_tasks(self, s: Session, fid: int, spec: FederationSpec, latest: int) -> list[Any]:
+        """Mode async: the train tasks held now, oldest first: handed out within round_deadline_s, not
+        uploaded, and not yet too stale to be counted (from a version at most max_staleness behind
+        `latest`). Each holds one of the spec's concurrency slots."""
+        assert spec.max_staleness is not None
+        cutoff = self.clock() - spec.round_deadline_s
+        rows = s.connection().execute(_HELD, {"fid": fid, "cutoff": cutoff}).all()
+        return [row for row in rows if latest - row.base_version <= spec.max_staleness]
 
     def all_uploaded(self, s: Session, rnd: Any) -> bool:
         """Whether every client the round attempt selected has uploaded (the selection is cached)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedprompt.coordinator.errors import Forbidden, NotFound
+from fedprompt.coordinator.logic import buffered
 from fedprompt.coordinator.logic import secagg as secagg_rules
 from fedprompt.coordinator.logic.evaluation import site_results, spread, summarize_evaluations
 from fedprompt.coordinator.logic.ledger import ledger
@@ -84,6 +85,8 @@ class Reads:
                 params_full_model=spec.params_full_model or fed.model_parameters,
                 per_client=traffic_per_client(s, fid),
             )
+            if spec.buffered:
+                out["buffer"] = self.buffer_status(s, fid, spec, open_round, fed.latest_version)
             if spec.privacy is not None:
                 out["privacy"] = privacy_of(s, fid, spec.privacy)
             if spec.privacy is not None or spec.secure_aggregation is not None:
@@ -126,6 +129,48 @@ class Reads:
         if rnd.state == RoundState.OPEN:  # the running stage's deadline (the round's moves with each stage)
             view |= {"stage_started_at": row.stage_started_at, "stage_deadline_at": rnd.deadline_at}
         return {"secure_aggregation": view}
+
+    def buffer_status(
+        self, s: Session, fid: int, spec: FederationSpec, open_round: Round | None, latest: int
+    ) -> dict[str, Any]:
+        """Mode async: the open buffer's fill, the tasks held against the concurrency, the staleness
+        of every update counted so far, and each client's accepted updates and their rate."""
+        names = dict(s.execute(select(Client.id, Client.name).where(Client.federation_id == fid)).all())
+        counted = (
+            select(Update.client_id, Update.staleness, Update.created_at)
+            .join(Round, Round.id == Update.buffer_round_id)
+            .where(Round.federation_id == fid)
+        ).subquery()
+        staleness = s.execute(select(counted.c.staleness, func.count()).group_by(counted.c.staleness)).all()
+        per_client = s.execute(
+            select(
+                counted.c.client_id,
+                func.count(),
+                func.min(counted.c.created_at),
+                func.max(counted.c.created_at),
+            ).group_by(counted.c.client_id)
+        ).all()
+        held = self.store.held_tasks(s, fid, spec, latest)
+        return {
+            "buffer_size": spec.buffer_size,
+            "concurrency": spec.concurrency,
+            "max_staleness": spec.max_staleness,
+            "server_lr": spec.server_lr,
+            "open_buffer": None if open_round is None else open_round.number,
+            "filled": 0 if open_round is None else self.store.buffer_count(s, open_round.id),
+            "tasks_held": len(held),
+            "training": sorted(row.client_id for row in held),
+            "staleness": buffered.staleness_histogram(t for t, n in staleness for _ in range(n)),
+            "clients": [
+                {
+                    "client_id": cid,
+                    "name": names.get(cid, "?"),
+                    "updates": n,
+                    "updates_per_minute": buffered.throughput(n, first, last),
+                }
+                for cid, n, first, last in sorted(per_client)
+            ],
+        }
 
     def rounds(self, fid: int) -> list[dict[str, Any]]:
         """The round history, every attempt, oldest first."""
@@ -294,6 +339,29 @@ class Reads:
                 if secure
                 else []
             )
+            buffered_feds = [fid for fid, _, spec, *_ in feds if (spec or {}).get("mode") == "async"]
+            filled = (  # mode async: each open buffer's updates so far
+                dict(
+                    s.execute(
+                        select(Round.federation_id, func.count(Update.id))
+                        .join(Update, Update.buffer_round_id == Round.id)
+                        .where(Round.federation_id.in_(buffered_feds), Round.state == RoundState.OPEN)
+                        .group_by(Round.federation_id)
+                    ).all()
+                )
+                if buffered_feds
+                else {}
+            )
+            staleness = (  # mode async: the updates counted so far, by staleness
+                s.execute(
+                    select(Round.federation_id, Update.staleness, func.count())
+                    .join(Update, Update.buffer_round_id == Round.id)
+                    .where(Round.federation_id.in_(buffered_feds))
+                    .group_by(Round.federation_id, Update.staleness)
+                ).all()
+                if buffered_feds
+                else []
+            )
             collapsed = dict(
                 s.execute(
                     select(Event.federation_id, func.count())
@@ -326,9 +394,12 @@ class Reads:
                 "latest_version": latest,
                 "accuracy": accuracy.get(fid),
                 "collapsed": collapsed.get(fid, 0),
+                **({"buffer_filled": filled.get(fid, 0), "staleness": {}} if fid in buffered_feds else {}),
             }
             for fid, _, _, current, latest in feds
         }
+        for fid, tau, n in staleness:
+            per_fed[fid]["staleness"][str(tau)] = n
         states: dict[int, list[str]] = {}  # fid -> its clients' site states
         for fid, revoked_at, last_seen, activity in clients:
             counts = per_fed.get(fid)

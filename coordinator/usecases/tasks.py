@@ -58,29 +58,10 @@ _UPLOADED = select(Update.client_id).where(Update.round_id == bindparam("round")
 _TASKED = select(Participant.id).where(
     Participant.round_id == bindparam("round"), Participant.client_id == bindparam("client")
 )
-_HELD = (  # mode async: tasks handed out since the cutoff and not uploaded
-    select(
-        Participant.client_id,
-        Round.number,
-        Round.attempt,
-        Round.base_version,
-        Participant.dispatched_at,
-    )
-    .join(Round, Round.id == Participant.round_id)
-    .outerjoin(
-        Update, and_(Update.round_id == Participant.round_id, Update.client_id == Participant.client_id)
-    )
-    .where(
-        Round.federation_id == bindparam("fid"),
-        Participant.dispatched_at >= bindparam("cutoff"),
-        Update.id.is_(None),
-    )
-    .order_by(Participant.dispatched_at)
-)
 
 
 class _Held(NamedTuple):
-    """A train task handed out in mode async (the columns of _HELD)."""
+    """A train task handed out in mode async (the columns of Store.held_tasks)."""
 
     client_id: int
     number: int
@@ -361,7 +342,7 @@ class Tasks:
                 return evaluate
             if fed.state == FederationState.COMPLETED:
                 return self._done_task(fed)
-            held = self._held_tasks(c, fid, spec, latest)
+            held = self.store.held_tasks(s, fid, spec, latest)
             own = [row for row in held if row.client_id == client.id]
             if own:
                 return self._buffered_train_task(s, fed, own[-1], spec)
@@ -373,7 +354,7 @@ class Tasks:
             self.store.require_active(s, client.id)
             c = s.connection()
             rnd = c.execute(_OPEN_ROUND, {"fid": fid}).first()
-            held = self._held_tasks(c, fid, spec, fed_obj.latest_version)
+            held = self.store.held_tasks(s, fid, spec, fed_obj.latest_version)
             if rnd is None or any(row.client_id == client.id for row in held):
                 return None  # the buffer closed, or a concurrent poll of this client took one: ask again
             if not self._may_dispatch(c, rnd.id, client.id, len(held), spec):
@@ -392,14 +373,6 @@ class Tasks:
         if spec.concurrency is not None and held >= spec.concurrency:
             return False
         return c.scalar(_TASKED, {"round": round_id, "client": client_id}) is None
-
-    def _held_tasks(self, c: Any, fid: int, spec: FederationSpec, latest: int) -> list[Any]:
-        """Mode async: the train tasks held now (handed out within round_deadline_s, not uploaded, not
-        yet too stale to be counted: from a version at most max_staleness behind `latest`), oldest first."""
-        assert spec.max_staleness is not None
-        cutoff = self.store.clock() - spec.round_deadline_s
-        rows = c.execute(_HELD, {"fid": fid, "cutoff": cutoff}).all()
-        return [row for row in rows if latest - row.base_version <= spec.max_staleness]
 
     def _buffered_train_task(self, s: Session, fed: Any, row: Any, spec: FederationSpec) -> dict[str, Any]:
         """A train task of mode async: the round it was handed out in, from that round's base version,

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from fedprompt.shared import wire
 from fedprompt.shared.spec import FederationSpec
 
-from tests.helpers import ADMIN_AUTH, SMALL_SPEC, enrol_clients, random_tensors
+from tests.helpers import ADMIN, ADMIN_AUTH, SMALL_SPEC, enrol_clients, random_tensors
 
 API = "/api/v1/federations"
 SPEC = {**SMALL_SPEC, "mode": "async", "concurrency": 2, "buffer_size": 2, "rounds": 3, "min_clients": 3}
@@ -87,6 +87,25 @@ def test_buffers_make_versions_from_staleness_weighted_changes(api: TestClient) 
     second = next(r for r in rounds if r["round"] == 2)
     assert second["stats"]["buffer"]["staleness"] == {"0": 1, "1": 1}
     assert second["stats"]["buffer"]["updates"] == 2
+
+    # what the operator sees: the status's buffer block, the gauges and the dashboard
+    status = api.get(f"{API}/{fid}", headers=ADMIN_AUTH).json()
+    buffer = status["buffer"]
+    assert (buffer["open_buffer"], buffer["filled"], buffer["buffer_size"], buffer["concurrency"]) == (
+        3,
+        0,
+        2,
+        2,
+    )
+    assert buffer["staleness"] == {"0": 3, "1": 1}
+    assert {c["name"]: c["updates"] for c in buffer["clients"]} == {"site-0": 2, "site-1": 1, "site-2": 1}
+    assert next(c for c in buffer["clients"] if c["name"] == "site-1")["updates_per_minute"] is None
+    metrics = api.get("/metrics").text
+    assert f'fedprompt_buffered_updates{{federation="{fid}",staleness="1"}} 1.0' in metrics
+    assert f'fedprompt_buffer_updates{{federation="{fid}"}} 0.0' in metrics
+    assert api.post("/dashboard/login", data={"token": ADMIN}, follow_redirects=False).status_code == 303
+    page = api.get(f"/dashboard/live?federation={fid}").text
+    assert "Buffer 3:" in page and "τ=1: 1" in page
 
 
 def test_an_update_staler_than_max_staleness_is_refused_and_nothing_is_stored(api: TestClient) -> None:
