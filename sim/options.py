@@ -6,7 +6,9 @@ ValueErrors) whose message names the option; the command prints it as one line.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
+import random
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from fedprompt.shared.spec import (
+    ASYNC_BUFFER_SIZE,
+    ASYNC_MAX_STALENESS,
     SECURE_AGGREGATION_MIN_CLIENTS,
     FederationSpec,
     check_precision,
@@ -26,6 +30,7 @@ from fedprompt.shared.vocab import (
     EncoderType,
     LocalOptimizer,
     Method,
+    Mode,
     Scoring,
     ServerOptimizer,
     choices,
@@ -33,6 +38,10 @@ from fedprompt.shared.vocab import (
 from fedprompt.sim.data_options import Dataset, resolve_data
 
 __all__ = ["Dataset", "SimulateOptions", "federation_spec", "validate"]
+
+SYNC_FRACTION = 0.5  # --fraction unless given, with rounds (mode async selects no one: every client trains)
+# The options of mode async, each the spec's field of the same name.
+ASYNC_OPTIONS = ("concurrency", "buffer_size", "max_staleness", "server_lr")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +51,7 @@ class SimulateOptions:
     dataset: str
     model: str
     clients: int
-    fraction: float
+    fraction: float | None  # None: the mode's, filled in at once (round_fraction)
     rounds: int
     local_steps: int
     local_epochs: float | None
@@ -95,11 +104,30 @@ class SimulateOptions:
     precision: str = "auto"
     drift_correction: str = DriftCorrection.NONE
     local_optimizer: str = LocalOptimizer.ADAMW
+    mode: str = Mode.SYNC
+    concurrency: int | None = None
+    buffer_size: int | None = None
+    max_staleness: int | None = None
+    server_lr: float | None = None
+    client_speed: str | None = None
     track: str | None = None
     dashboard_port: int | None = None
     resume: bool = False
     force: bool = False
     data_name: str | None = None
+
+    def __post_init__(self) -> None:
+        # --fraction as the mode implies when not given: simulation.json records the fraction a run
+        # used, as a run from before --mode recorded its 0.5
+        object.__setattr__(self, "fraction", self.round_fraction)
+
+    @property
+    def round_fraction(self) -> float:
+        """C as the spec gets it: --fraction, else 0.5 with rounds and 1 in mode async (which selects
+        no one: every client trains as soon as it asks)."""
+        if self.fraction is not None:
+            return self.fraction
+        return 1.0 if self.mode == Mode.ASYNC else SYNC_FRACTION
 
 
 def parse_aggregation(
@@ -231,8 +259,8 @@ def check_data_options(opts: SimulateOptions) -> None:
     from fedprompt.worker.data import parse_partition
 
     parse_partition(opts.partition)
-    if not 0 < opts.fraction <= 1:
-        raise ValueError(f"--fraction must be in (0, 1]; got {opts.fraction}")
+    if not 0 < opts.round_fraction <= 1:
+        raise ValueError(f"--fraction must be in (0, 1]; got {opts.round_fraction}")
     if opts.evaluators is not None and not 1 <= opts.evaluators <= opts.clients:
         raise ValueError(f"--evaluators must be in 1..{opts.clients} (--clients); got {opts.evaluators}")
 
@@ -252,9 +280,117 @@ def check_method_options(opts: SimulateOptions) -> None:
         )
 
 
+def check_schedule_options(opts: SimulateOptions) -> None:
+    """Refuse the async options without --mode async, what mode async cannot do (the spec's rules in
+    the options' names), and a bad --client-speed."""
+    modes = [m.value for m in Mode]
+    if opts.mode not in modes:
+        raise ValueError(f"--mode must be {choices(modes, quote=False)}; got {opts.mode!r}")
+    given = [name for name in ASYNC_OPTIONS if getattr(opts, name) is not None]
+    if opts.mode != Mode.ASYNC and given:
+        named = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ValueError(f"{named}: only with --mode async (this run is --mode {opts.mode})")
+    if opts.mode == Mode.ASYNC:
+        refused = "--mode async cannot be combined with"
+        if opts.round_fraction != 1.0:
+            raise ValueError(
+                f"{refused} --fraction {opts.round_fraction:g}: there is no per-round selection, every "
+                "client trains as soon as it asks; leave out --fraction, or limit the clients training "
+                "at once with --concurrency"
+            )
+        if opts.secure_aggregation:
+            raise ValueError(
+                f"{refused} --secure-aggregation: its masks cancel only in the sum of one fixed set of "
+                "clients that started from the same version, and a buffer holds whoever arrives, from "
+                "any version"
+            )
+        if parse_aggregation(opts.drift_correction)["name"] == DriftCorrection.SCAFFOLD:
+            raise ValueError(
+                f"{refused} --drift-correction scaffold: its control variates assume every update starts "
+                "from the round's version; use fedprox"
+            )
+        if opts.server_lr is not None and not 0 < opts.server_lr <= 100:
+            raise ValueError(f"--server-lr must be in (0, 100]; got {opts.server_lr:g}")
+    client_slowdowns(opts)
+
+
+def parse_client_speed(text: str, clients: int, seed: int) -> list[float]:
+    """Each of `clients` clients' slowdown factor (≥ 1: a client f times slower than it is) from
+    --client-speed: 'F1,F2,…' (cycled over the clients in order), 'linear:max=M' (client i of K:
+    1 + (M − 1)·i/(K − 1), from full speed to M) or 'lognormal:sigma=S,max=M' (exp(|N(0, S²)|) clipped
+    to M, drawn from `seed`: most clients near full speed, a long tail of slow ones)."""
+    kinds = {"linear": ("max",), "lognormal": ("sigma", "max")}
+    name = text.partition(":")[0].strip()
+    if name not in kinds:
+        if ":" in text or "=" in text or not text.strip():
+            raise ValueError(
+                f"--client-speed {text!r}: give linear:max=M, lognormal:sigma=S,max=M or a list of "
+                "factors, e.g. 1,1,2,4"
+            )
+        factors = [_factor(text, item) for item in text.split(",")]
+        return [factors[i % len(factors)] for i in range(clients)]
+    params = parse_aggregation(text, "--client-speed", "linear:max=4")["params"]
+    if sorted(params) != sorted(kinds[name]):
+        raise ValueError(
+            f"--client-speed {text!r}: {name} takes {' and '.join(kinds[name])}, e.g. "
+            + ("linear:max=4" if name == "linear" else "lognormal:sigma=1,max=10")
+        )
+    top = _factor(text, str(params["max"]), "max")
+    if name == "linear":
+        return [1.0 + (top - 1.0) * i / (clients - 1) if clients > 1 else 1.0 for i in range(clients)]
+    sigma = params["sigma"]
+    if isinstance(sigma, str) or not 0 <= sigma < math.inf:
+        raise ValueError(f"--client-speed {text!r}: sigma must be a number ≥ 0; got {sigma}")
+    # a draw of its own: the same seed's data partition and selection do not move the speeds, nor back
+    rng = random.Random(f"client-speed:{seed}")
+    return [min(top, math.exp(abs(rng.gauss(0.0, sigma)))) for _ in range(clients)]
+
+
+def _factor(text: str, item: str, what: str = "a slowdown factor") -> float:
+    """One factor of --client-speed `text`: a number ≥ 1 (1: full speed, 3: three times slower)."""
+    try:
+        value = float(item)
+    except ValueError:
+        raise ValueError(f"--client-speed {text!r}: {item.strip()!r} is not a number") from None
+    if not 1 <= value < math.inf:
+        raise ValueError(
+            f"--client-speed {text!r}: {what} must be ≥ 1 (1: full speed, 3: three times slower); "
+            f"got {item.strip()}"
+        )
+    return value
+
+
+def client_slowdowns(opts: SimulateOptions) -> list[float] | None:
+    """Each client's slowdown factor from --client-speed (None without it: every client at full speed)."""
+    if opts.client_speed is None:
+        return None
+    return parse_client_speed(opts.client_speed, opts.clients, opts.seed)
+
+
+def mode_fields(opts: SimulateOptions) -> dict[str, Any]:
+    """The spec's mode and the async fields the options give (the spec fills in the others' defaults);
+    nothing with rounds, the spec's default."""
+    if opts.mode != Mode.ASYNC:
+        return {}
+    given = {name: getattr(opts, name) for name in ASYNC_OPTIONS if getattr(opts, name) is not None}
+    return {"mode": Mode.ASYNC, **given}
+
+
+def async_line(opts: SimulateOptions) -> str:
+    """Mode async's settings with the spec's defaults filled in, for simulate's header."""
+    buffer = opts.buffer_size if opts.buffer_size is not None else ASYNC_BUFFER_SIZE
+    staleness = opts.max_staleness if opts.max_staleness is not None else ASYNC_MAX_STALENESS
+    at_once = f"at most {opts.concurrency}" if opts.concurrency is not None else "every client"
+    return (
+        f"mode async: {at_once} training at once, a version every {buffer} update(s), updates at most "
+        f"{staleness} version(s) stale, server lr {opts.server_lr if opts.server_lr is not None else 1.0:g}"
+    )
+
+
 def validate(opts: SimulateOptions) -> Dataset:
     """Every check above, in the order a user meets them; the data set the options name."""
     check_data_options(opts)
+    check_schedule_options(opts)
     dataset = resolve_data(opts, opts.out.resolve())
     check_attack_options(opts)
     check_method_options(opts)
@@ -303,9 +439,11 @@ def build_spec(
     drift_correction: dict[str, Any] | None = None,
     evaluators: int | None = None,
     local_optimizer: str = LocalOptimizer.ADAMW,
+    mode: dict[str, Any] | None = None,
 ) -> FederationSpec:
-    """The federation spec for a simulation (`method`: method, encoder and model-shape fields); the
-    template and label words are the data's (sim/data_options.py chose them)."""
+    """The federation spec for a simulation (`method`: method, encoder and model-shape fields; `mode`:
+    mode async and its fields, mode_fields); the template and label words are the data's
+    (sim/data_options.py chose them)."""
     return FederationSpec(
         name=f"simulate-{dataset_name}",
         model=model,
@@ -337,6 +475,7 @@ def build_spec(
         evaluators=evaluators,
         local_optimizer=local_optimizer,
         **(method or {}),
+        **(mode or {}),
     )
 
 
@@ -416,7 +555,7 @@ def federation_spec(opts: SimulateOptions, dataset: Dataset) -> tuple[Federation
         task=dataset.task,
         model=opts.model,
         clients=opts.clients,
-        fraction=opts.fraction,
+        fraction=opts.round_fraction,
         rounds=opts.rounds,
         local_steps=opts.local_steps,
         local_epochs=opts.local_epochs,
@@ -439,6 +578,7 @@ def federation_spec(opts: SimulateOptions, dataset: Dataset) -> tuple[Federation
         drift_correction=parse_drift_correction(opts.drift_correction),
         evaluators=opts.evaluators,
         local_optimizer=opts.local_optimizer,
+        mode=mode_fields(opts),
     )
     if opts.init_prompt is not None:
         initial_blob = opts.init_prompt.read_bytes()

@@ -41,6 +41,7 @@ CSV_FIELDS = [
     "bytes_up",
     "bytes_down",
     "seconds",
+    "elapsed_s",
     "asr",
     "local_asr",
     "local_accuracy",
@@ -69,8 +70,12 @@ def model_ledger(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def round_records(rounds: list[dict[str, Any]], spec: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """One record per closed round, in the shape results.json promises."""
+    """One record per closed round, in the shape results.json promises. `elapsed_s` is when the round
+    closed, in seconds from the opening of the first round (every client enrolled): the time axis on
+    which mode async and rounds compare (a run continued later counts the pause too)."""
     closed = [r for r in rounds if r["state"] == "closed"]
+    opened = [r["opened_at"] for r in rounds if r.get("opened_at") is not None]
+    start = min(opened) if opened else None
     book = communication(spec, closed) if spec is not None else None
     per_model = {key: book[key] for key in MODEL_LEDGER} if book else {}
     entries = book["rounds"] if book else [{"params_up": 0, "params_down": 0}] * len(closed)
@@ -78,6 +83,7 @@ def round_records(rounds: list[dict[str, Any]], spec: dict[str, Any] | None = No
     for r, entry in zip(closed, entries, strict=True):
         ev = r.get("evaluation") or {}
         stats = r["stats"]
+        elapsed = None if start is None or r.get("closed_at") is None else r["closed_at"] - start
         out.append(
             {
                 "round": r["round"],
@@ -96,6 +102,7 @@ def round_records(rounds: list[dict[str, Any]], spec: dict[str, Any] | None = No
                 "bytes_up": stats.get("bytes_up", 0),
                 "bytes_down": stats.get("bytes_down", 0),
                 "seconds": r.get("seconds"),
+                "elapsed_s": elapsed,
                 "asr": ev.get("asr"),
                 "local_asr": _mean(list((stats.get("local_asr") or {}).values())),
                 "local_asr_clients": stats.get("local_asr") or {},
@@ -178,6 +185,7 @@ def initial_record(initial: dict[str, Any] | None) -> dict[str, Any] | None:
         "bytes_up": 0,
         "bytes_down": 0,
         "seconds": None,
+        "elapsed_s": 0.0,  # the starting prompt is there from the start
         "asr": initial.get("asr"),
         "local_asr": None,
         "local_accuracy": None,
@@ -217,6 +225,8 @@ def run_facts(
         "eval_limit": setup.get("eval_limit"),
         "backdoor": setup.get("backdoor"),
         "init_prompt": setup.get("init_prompt"),
+        "client_speed": setup.get("client_speed"),
+        "slowdowns": setup.get("slowdowns"),
         "parallel": parallel,
         "environment": {
             "python": platform.python_version(),

@@ -27,13 +27,26 @@ import typer
 from fedprompt.shared.client import CoordinatorClient
 from fedprompt.shared.local import free_port, wait_ready
 from fedprompt.shared.privacy import client_noise_seed
-from fedprompt.shared.spec import DEFAULT_MODEL, PRECISION_HELP, FederationSpec
-from fedprompt.shared.vocab import LocalOptimizer
+from fedprompt.shared.spec import (
+    ASYNC_BUFFER_SIZE,
+    ASYNC_MAX_STALENESS,
+    DEFAULT_MODEL,
+    PRECISION_HELP,
+    FederationSpec,
+)
+from fedprompt.shared.vocab import LocalOptimizer, Mode
 from fedprompt.sim.argv import WorkerPool
 from fedprompt.sim.baseline import STOPPED, run_baseline
 from fedprompt.sim.data_options import print_data
 from fedprompt.sim.enrol import enrol_in_order
-from fedprompt.sim.options import Dataset, SimulateOptions, federation_spec, validate
+from fedprompt.sim.options import (
+    Dataset,
+    SimulateOptions,
+    async_line,
+    client_slowdowns,
+    federation_spec,
+    validate,
+)
 from fedprompt.sim.outdir import OutError, OutState, check_out, recorded_options, wipe
 from fedprompt.sim.progress import follow, site_fetcher
 from fedprompt.sim.results import attach_sites, round_records, run_facts, write_results
@@ -64,9 +77,17 @@ def simulate_command(
         typer.Option("--clients", "-k", min=1, help="K: clients (virtual: identities with a data shard)."),
     ] = 4,
     fraction: Annotated[
-        float, typer.Option("--fraction", "-c", help="C: fraction selected per round.")
-    ] = 0.5,
-    rounds: Annotated[int, typer.Option("--rounds", "-t", min=1, help="T: federated rounds.")] = 3,
+        float | None,
+        typer.Option(
+            "--fraction",
+            "-c",
+            help="C: fraction selected per round (default 0.5; --mode async selects no one: 1, "
+            "every client).",
+        ),
+    ] = None,
+    rounds: Annotated[
+        int, typer.Option("--rounds", "-t", min=1, help="T: federated rounds (--mode async: versions).")
+    ] = 3,
     local_steps: Annotated[int, typer.Option(min=1, help="Local optimisation steps per round.")] = 50,
     local_epochs: Annotated[
         float | None,
@@ -237,6 +258,48 @@ def simulate_command(
             "default lr 1.0); see docs/label-skew.md."
         ),
     ] = LocalOptimizer.ADAMW,
+    mode: Annotated[
+        Mode,
+        typer.Option(
+            help="sync: rounds (a selection, every selected client's update, one version); async: "
+            "buffered asynchronous aggregation (FedBuff): a client trains as soon as it asks, from the "
+            "latest version, and every --buffer-size updates make one version (docs/async.md)."
+        ),
+    ] = Mode.SYNC,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(min=1, help="--mode async: the most clients training at once (default: every client)."),
+    ] = None,
+    buffer_size: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help=f"--mode async: B, the updates that make a version (default {ASYNC_BUFFER_SIZE})."
+        ),
+    ] = None,
+    max_staleness: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="--mode async: an update trained from a version more than this many versions old is "
+            f"refused, and its client trains again (default {ASYNC_MAX_STALENESS}).",
+        ),
+    ] = None,
+    server_lr: Annotated[
+        float | None,
+        typer.Option(
+            help="--mode async: the server's learning rate on the buffer's staleness-weighted mean "
+            "change (default 1)."
+        ),
+    ] = None,
+    client_speed: Annotated[
+        str | None,
+        typer.Option(
+            help="Slow clients, real time: a client with slowdown f uploads each update (f − 1) × its "
+            "training time after training it. Factors ≥ 1: F1,F2,… (cycled over the clients), "
+            "linear:max=M (1 for the first client to M for the last) or lognormal:sigma=S,max=M "
+            "(exp(|N(0, S²)|) up to M, drawn from --seed). Default: every client at full speed."
+        ),
+    ] = None,
     track: Annotated[
         str | None,
         typer.Option(
@@ -335,6 +398,7 @@ def simulate(opts: SimulateOptions) -> None:
         print_summary(finished, out)
         return
     print_data(console, dataset, opts)
+    print_schedule(opts)
     run = Run.prepare(opts, out)
     procs = Processes(
         on_restart=lambda name, code: console.print(
@@ -366,6 +430,19 @@ def simulate(opts: SimulateOptions) -> None:
     print_summary(results, out)
     if results.get("status") == "partial":  # the baseline did not finish: say so in the exit code
         raise typer.Exit(130 if results["baseline"].get("interrupted") == STOPPED else 1)
+
+
+def print_schedule(opts: SimulateOptions) -> None:
+    """Mode async's settings and the clients' slowdowns (--client-speed), under the data's header."""
+    if opts.mode == Mode.ASYNC:
+        console.print(escape(async_line(opts)), soft_wrap=True)
+    slowdowns = client_slowdowns(opts)
+    if slowdowns is not None:
+        each = ", ".join(f"client-{i} ×{f:.3g}" for i, f in enumerate(slowdowns))
+        told = f"--client-speed {opts.client_speed}: slowdown {each}"
+        console.print(
+            escape(f"{told} (×f: an update goes up (f − 1) × its training time late)"), soft_wrap=True
+        )
 
 
 def _write_partial(progress: dict[str, Any], run: Run, started: float, what: str) -> None:
@@ -542,6 +619,8 @@ def _create_federation(
             "measure_asr": opts.measure_asr,
         },
         "init_prompt": str(opts.init_prompt) if opts.init_prompt else None,
+        "client_speed": opts.client_speed,
+        "slowdowns": client_slowdowns(opts),  # client i's slowdown factor (None: all at full speed)
         "options": recorded_options(opts),  # what a later command with this --out is compared with
         "lr": spec.lr,  # the learning rate the run resolved (an unset --lr matches it)
     }
@@ -553,8 +632,8 @@ def _client(
     i: int, fid: int, setup: dict[str, Any], seed: int, run: Run, *, eval_shares: int | None = None
 ) -> ClientEntry:
     """Client i: its shard of the data set (of the test split too when i < eval_shares, or always
-    without), its state folder, and the backdoor if it is malicious."""
-    door = setup.get("backdoor") or {}
+    without), its state folder, its slowdown, and the backdoor if it is malicious."""
+    door, slowdowns = setup.get("backdoor") or {}, setup.get("slowdowns")
     malicious = bool(door) and i < int(door["malicious"])
     backdoor = None
     # the ASR only where it means something: a backdoor in the federation, or asked for (--measure-asr)
@@ -580,6 +659,7 @@ def _client(
         eval_shares=eval_shares,
         backdoor=backdoor,
         ldp_seed=client_noise_seed(seed, i),  # reproducible LDP noise (production workers: OS entropy)
+        slowdown=slowdowns[i] if slowdowns else 1.0,
     )
 
 

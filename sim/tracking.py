@@ -97,7 +97,16 @@ def params_of(results: Mapping[str, Any]) -> dict[str, str]:
         if value is None or key in ("model_info", "verbalizer", "labels"):
             continue
         out[f"spec.{key}"] = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-    for key in ("dataset", "clients", "partition", "train_limit", "eval_limit", "parallel", "processes"):
+    for key in (
+        "dataset",
+        "clients",
+        "partition",
+        "client_speed",
+        "train_limit",
+        "eval_limit",
+        "parallel",
+        "processes",
+    ):
         if results.get(key) is not None:
             out[key] = str(results[key])
     return {k: str(v)[:500] for k, v in out.items()}  # MLflow's limit on a param's value

@@ -88,6 +88,9 @@ class AgentConfig:
     backdoor: Backdoor | None = None
     # LDP noise seed (simulations, for reproducible runs); None: OS entropy, the production default
     ldp_seed: int | None = None
+    # f ≥ 1: a slow site (simulations): each trained update is held (f − 1) × its training time before
+    # it is uploaded, so the coordinator sees f times the training time; 1: uploaded at once
+    slowdown: float = 1.0
 
 
 class Agent:
@@ -384,6 +387,7 @@ class Agent:
                 "seconds": result.seconds,
                 "steps": steps,
             }
+            slowdown_wait_s = (self.config.slowdown - 1.0) * result.seconds
             tensors = self._release(blob_in, metrics)
             if own_control is not None:  # SCAFFOLD: Δc_i travels with the prompt, c_i⁺ waits for the ack
                 assert result.mean_gradient is not None
@@ -404,6 +408,7 @@ class Agent:
                     "download_s": download_s,
                     "slot_wait_s": slot_wait_s,
                     "trained_at": time.time(),
+                    "slowdown_wait_s": slowdown_wait_s,  # held after trained_at, before the upload
                 },
             }
             if task.secure_aggregation is not None:  # the masked vector instead of the prompt
@@ -413,10 +418,22 @@ class Agent:
                 blob = self.engine.save_prompt(meta) if tensors is None else wire.encode(tensors, meta)
         log.info("round %s: trained in %.1f s, mean loss %.4f", number, result.seconds, result.mean_loss)
         self.state.save_pending(number, blob)
-        self.status.last_train = {"round": number, **metrics}
+        self.status.last_train = {"round": number, **metrics, "slowdown_wait_s": slowdown_wait_s}
+        if slowdown_wait_s > 0:
+            self._slow_down(number, slowdown_wait_s)
         self._upload(number, blob)
         self.status.rounds_trained.append(number)
         self.status.state = IDLE
+
+    def _slow_down(self, number: int, wait_s: float) -> None:
+        """Hold a trained update `wait_s` seconds of real time (AgentConfig.slowdown), after the engine
+        and the training slot are given back: a pool's other clients train meanwhile, as a slow site
+        would not hold them up. The heartbeats go on saying it trains. A stop ends the wait; the update
+        stays pending, and a restart sends it."""
+        self.status.state = "slowed-down"
+        log.info("round %s: slowdown %g, uploading in %.1f s", number, self.config.slowdown, wait_s)
+        if self._stop.wait(wait_s):
+            raise Stopped()
 
     def _elastic_threads(self) -> ElasticThreads:
         cfg = self.config

@@ -173,6 +173,14 @@ def serve(
     attack: Annotated[
         str, typer.Option(help="Malicious update before upload: none | boost:FACTOR | sign-flip[:FACTOR].")
     ] = "none",
+    slowdown: Annotated[
+        float,
+        typer.Option(
+            min=1.0,
+            help="Act as a site F times slower (simulation): upload each update (F − 1) × its training "
+            "time after training it; 1: at once.",
+        ),
+    ] = 1.0,
     log_level: LogLevelOption = "info",
     log_format: LogFormatOption = "auto",
 ) -> None:
@@ -252,6 +260,7 @@ def serve(
             slots=slots,
             num_threads=threads,
             backdoor=backdoor,
+            slowdown=slowdown,
         ),
         train,
         evaluation,

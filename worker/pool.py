@@ -74,6 +74,13 @@ class ClientEntry(BaseModel):
     ldp_seed: int | None = Field(
         None, ge=0, description="Seeds this client's LDP noise (simulations); none: OS entropy."
     )
+    slowdown: float = Field(
+        1.0,
+        ge=1.0,
+        allow_inf_nan=False,
+        description="A slow site (simulations): each update is uploaded (slowdown − 1) × its training "
+        "time after it was trained; 1: at once.",
+    )
 
     def shard(self) -> ShardSpec:
         """The shard this client trains and evaluates on."""
@@ -307,6 +314,7 @@ def build_pool(
             thread_budget=config.thread_budget,
             backdoor=backdoor,
             ldp_seed=entry.ldp_seed,
+            slowdown=entry.slowdown,
         )
         agents.append(
             Agent(

@@ -105,7 +105,7 @@ def test_a_clean_federation_measures_no_asr_unless_asked_and_every_client_gets_i
 
 
 def test_pool_files_are_private_and_read_back_by_the_worker(tmp_path: Path) -> None:
-    setup = {"dataset": "sst2", "partition": "iid", "clients": 2, "backdoor": {}}
+    setup = {"dataset": "sst2", "partition": "iid", "clients": 2, "backdoor": {}, "slowdowns": [1.0, 2.5]}
     members = [_client(i, 5, setup, 0, _run(tmp_path)) for i in range(2)]
 
     path = _pool_file(0, "http://127.0.0.1:9", 5, "fpe_secret", members, _run(tmp_path), "cpu")
@@ -115,6 +115,14 @@ def test_pool_files_are_private_and_read_back_by_the_worker(tmp_path: Path) -> N
     assert back.federation == 5 and back.enrollment_token == "fpe_secret" and back.threads == 1
     assert [c.name for c in back.clients] == ["client-0", "client-1"]
     assert all(c.backdoor is None for c in back.clients)
+    assert [c.slowdown for c in back.clients] == [1.0, 2.5]  # --client-speed, client by client
+
+
+def test_without_client_speed_every_client_runs_at_full_speed(tmp_path: Path) -> None:
+    setup = {"dataset": "sst2", "partition": "iid", "clients": 2, "backdoor": {}, "slowdowns": None}
+    assert [_client(i, 5, setup, 0, _run(tmp_path)).slowdown for i in range(2)] == [1.0, 1.0]
+    del setup["slowdowns"]  # a simulation.json from before --client-speed
+    assert _client(1, 5, setup, 0, _run(tmp_path)).slowdown == 1.0
 
 
 def test_the_baseline_command_parses_with_train_local(

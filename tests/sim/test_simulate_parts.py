@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import inspect
 import json
@@ -90,6 +91,25 @@ def test_round_records_carry_the_coordinators_ledger() -> None:
         assert record["params_communicated"] == sent == book["params_communicated"]
         assert record["comm_ratio"] == book["comm_ratio"] == sent / 1_000
     assert records[1]["params_up"] == 3 * sent and records[1]["params_down"] == 3 * sent
+
+
+def test_each_round_record_says_when_it_closed_from_the_first_rounds_opening(tmp_path: Path) -> None:
+    rounds = [
+        _round(1) | {"attempt": 1, "state": "failed", "opened_at": 1000.0, "closed_at": 1030.0},
+        _round(1) | {"attempt": 2, "opened_at": 1030.0, "closed_at": 1042.5},
+        _round(2) | {"opened_at": 1042.5, "closed_at": 1050.0},
+        _round(3, state="open") | {"opened_at": 1050.0, "closed_at": None},
+    ]
+    records = round_records(rounds, SPEC)
+    assert [(r["round"], r["elapsed_s"]) for r in records] == [(1, 42.5), (2, 50.0)]
+    assert round_records([_round(1)])[0]["elapsed_s"] is None  # a coordinator that told no times
+    write_results(tmp_path, SPEC, records, {"accuracy": 0.4}, 60.0, {})
+    with open(tmp_path / "rounds.csv", newline="") as fh:
+        assert [row["elapsed_s"] for row in csv.DictReader(fh)] == [
+            "0.0",
+            "42.5",
+            "50.0",
+        ]  # round 0: the start
 
 
 def test_round_records_without_a_spec_count_no_parameters() -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import stat
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from fedprompt.shared import wire
 from fedprompt.shared.spec import DriftCorrectionSpec, FederationSpec
 from fedprompt.worker.agent import Agent, AgentConfig
 from fedprompt.worker.data import Example
+from fedprompt.worker.slots import held_slots
 
 SPEC = FederationSpec(num_virtual_tokens=2, hidden_size=4, min_clients=1, local_steps=3)
 
@@ -133,6 +136,7 @@ def _agent(
     coordinator: FakeCoordinator,
     token: str | None = "fpe_x",
     engine: type[FakeEngine] | None = None,
+    **settings: Any,
 ) -> Agent:
     examples = [Example(text=f"t{i}", label=i % 2) for i in range(4)]
     config = AgentConfig(
@@ -141,6 +145,7 @@ def _agent(
         enrollment_token=token,
         name="w",
         state_dir=tmp_path,
+        **settings,
     )
     return Agent(
         config,
@@ -172,6 +177,7 @@ def test_local_epochs_cap_the_steps_and_the_update_states_them(tmp_path: Path) -
     # one pass over 4 examples in batches of 2: 2 steps (not 3), each adding 1 to the prompt of ones
     np.testing.assert_array_equal(tensors["prompt_embeddings"], np.full((2, 4), 3.0, np.float32))
     assert json.loads(meta["metrics"])["steps"] == 2
+    assert json.loads(meta["timing"])["slowdown_wait_s"] == 0.0  # slowdown 1 (the default): no wait
 
 
 def test_upload_is_retried_until_acknowledged_and_pending_file_cleared(tmp_path: Path) -> None:
@@ -297,6 +303,93 @@ def test_a_coordinator_that_refuses_the_model_size_does_not_stop_the_worker(tmp_
     assert len(older.uploads) == 1 and agent.status.rounds_trained == [1]
 
 
+# -- a slow site (AgentConfig.slowdown) ----------------------------------------------------------
+
+
+class SlowEngine(FakeEngine):
+    """Trains for a quarter of a second of real time and reports it, as PromptEngine measures it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.finished_at = 0.0
+
+    def train(self, examples: list[Example], *, steps: int, progress: Any, **_: Any) -> _Train:
+        started = time.monotonic()
+        time.sleep(0.25)
+        super().train(examples, steps=steps, progress=progress)
+        self.finished_at = time.monotonic()
+        return _Train(seconds=self.finished_at - started)
+
+
+class TimesUploads(FakeCoordinator):
+    """Notes when each upload arrives."""
+
+    def __init__(self) -> None:
+        super().__init__(fail_uploads=0)
+        self.uploaded_at: list[float] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/update"):
+            self.uploaded_at.append(time.monotonic())
+        return super().__call__(request)
+
+
+def _when_slowed_down(agent: Agent, then: Callable[[], None]) -> threading.Thread:
+    """A thread that runs `then` once the agent holds a trained update back (or gives up after 10 s)."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 10
+        while agent.status.state != "slowed-down" and time.monotonic() < deadline:
+            time.sleep(0.005)
+        then()
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    return thread
+
+
+def test_a_slow_client_uploads_after_f_minus_1_times_its_training_with_engine_and_slot_free(
+    tmp_path: Path,
+) -> None:
+    coordinator, slots = TimesUploads(), tmp_path / "slots"
+    agent = _agent(tmp_path, coordinator, engine=SlowEngine, slowdown=3.0, slots_dir=slots, slots=1)
+    seen: list[tuple[str, bool, int]] = []
+
+    def look() -> None:  # during the wait: may another client of the pool train?
+        free = agent.engine_lock.acquire(blocking=False)
+        if free:
+            agent.engine_lock.release()
+        seen.append((agent.status.state, free, held_slots(slots, 1)))
+
+    watcher = _when_slowed_down(agent, look)
+    _run_until_done(agent)
+    watcher.join()
+
+    assert seen == [("slowed-down", True, 0)]
+    (uploaded_at,) = coordinator.uploaded_at
+    _, meta = wire.decode(coordinator.uploads[0])
+    trained_s, timing = json.loads(meta["metrics"])["seconds"], json.loads(meta["timing"])
+    assert trained_s >= 0.25 and timing["slowdown_wait_s"] == pytest.approx(2 * trained_s)
+    assert isinstance(agent.engine, SlowEngine)
+    held = uploaded_at - agent.engine.finished_at  # real time, from the end of training to the upload
+    assert 2 * trained_s - 0.01 <= held < 2 * trained_s + 2.0
+    assert agent.status.last_train is not None
+    assert agent.status.last_train["slowdown_wait_s"] == timing["slowdown_wait_s"]
+
+
+def test_stopping_ends_a_slow_clients_wait_and_keeps_its_update_pending(tmp_path: Path) -> None:
+    coordinator = TimesUploads()
+    agent = _agent(tmp_path, coordinator, engine=SlowEngine, slowdown=1_000.0)  # about 4 minutes
+    thread = threading.Thread(target=agent.run)
+    thread.start()
+    watcher = _when_slowed_down(agent, agent.stop)
+    watcher.join()
+    thread.join(5)
+
+    assert not thread.is_alive() and agent.status.state == "stopped"
+    assert coordinator.uploads == [] and len(list((tmp_path / "pending").iterdir())) == 1
+
+
 # -- SCAFFOLD on the client's side ------------------------------------------------------------
 
 SCAFFOLD_SPEC = SPEC.model_copy(update={"drift_correction": DriftCorrectionSpec(name="scaffold")})
@@ -372,8 +465,6 @@ def test_a_fedprox_client_passes_mu_to_the_engine(tmp_path: Path) -> None:
 
 
 def test_a_worker_sends_heartbeats_while_its_model_loads(tmp_path: Path) -> None:
-    import time
-
     quick = SPEC.model_copy(update={"availability_timeout_s": 1.0})  # heartbeats every 0.1 s
     assert quick.heartbeat_s == pytest.approx(0.1)
 
