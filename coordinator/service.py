@@ -49,7 +49,7 @@ class Coordinator:
             max_prompt_bytes=max_prompt_bytes,
         )
         self.enrolment = Enrolment(self.store, self.cycle, auth_cache_s=auth_cache_s)
-        self.uploads = Uploads(self.store)
+        self.uploads = Uploads(self.store, on_buffer_full=self.cycle.buffer_full)
         self.tasks = Tasks(self.store)
 
     @property

@@ -185,6 +185,13 @@ class RoundCycle:
             return self.store.buffer_count(s, rnd.id) >= spec.buffer_size
         return (now is not None and rnd.deadline_at <= now) or self.store.all_uploaded(s, rnd)
 
+    def buffer_full(self, s: Session, fed: Federation, round_id: int) -> None:
+        """Mode async: write the version of the open buffer (round id) that the caller's upload just
+        filled, in the caller's transaction (federation lock held), and open the next buffer."""
+        rnd = s.get(Round, round_id)
+        assert rnd is not None and rnd.state == RoundState.OPEN
+        self._aggregate(s, fed, rnd, by="buffer-full")
+
     def advance(self, s: Session, fed: Federation, *, manual: bool) -> Round | None:
         """Open the next round if the federation is due one (caller holds the federation lock)."""
         spec = self.store.spec_of(fed)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fedprompt.coordinator.errors import Invalid, ServiceError
@@ -45,17 +45,23 @@ from fedprompt.coordinator.persistence.groupcommit import GroupCommit, one_by_on
 from fedprompt.coordinator.persistence.store import Store, no_federation
 from fedprompt.coordinator.usecases.secagg import SecureRounds
 from fedprompt.shared import evalstats, wire
-from fedprompt.shared.vocab import RoundState
 from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import defer
+from sqlalchemy.orm import Session, defer
 
 
 class Uploads:
     """Updates and evaluation reports of clients."""
 
-    def __init__(self, store: Store, secure: SecureRounds | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        secure: SecureRounds | None = None,
+        on_buffer_full: Callable[[Session, Federation, int], None] | None = None,
+    ) -> None:
         self.store = store
+        # mode async: writes the version of a full buffer (round id) in the upload's transaction
+        self.on_buffer_full = on_buffer_full
         self.secure = secure or SecureRounds(store)
         self._batchers: dict[int, GroupCommit[PendingUpload, UploadResult]] = {}  # fid -> its group commit
         self._report_batchers: dict[int, GroupCommit[PendingReport, bool]] = {}  # fid -> evaluation reports
@@ -97,31 +103,13 @@ class Uploads:
         """The checks and inserts of a batch of uploads in one transaction: a handful of column reads
         for the whole batch and one multi-row insert, no ORM objects. On SQLite this transaction
         holds the write lock, so its length bounds how many uploads a second the coordinator takes."""
-        spec = self.store.cached_spec(fid)
+        if self.store.cached_spec(fid).buffered:
+            return self._store_buffered_batch(fid, items)
         with self.store.tx(urgent=True) as s:
             c = s.connection()  # column reads and a multi-row insert on the Core connection
-            fed: Federation | None = None
-            buffer: Buffer | None = None
-            if spec.buffered:  # exclusively: an accepted update frees a slot, announced as a change
-                fed = s.scalars(
-                    select(Federation)
-                    .options(defer(Federation.spec))
-                    .where(Federation.id == fid)
-                    .with_for_update()
-                ).first()
-                current_round = None if fed is None else fed.current_round
-                open_buffer = c.execute(
-                    select(Round.id, Round.number).where(
-                        Round.federation_id == fid, Round.state == RoundState.OPEN
-                    )
-                ).first()
-                if open_buffer is not None:
-                    assert spec.max_staleness is not None
-                    buffer = Buffer(open_buffer.id, open_buffer.number, spec.max_staleness)
-            else:
-                current_round = c.scalar(  # FOR SHARE: see Store.lock_federation
-                    select(Federation.current_round).where(Federation.id == fid).with_for_update(read=True)
-                )
+            current_round = c.scalar(  # FOR SHARE: see Store.lock_federation
+                select(Federation.current_round).where(Federation.id == fid).with_for_update(read=True)
+            )
             if current_round is None:
                 return [no_federation(fid) for _ in items]
             attempts: dict[int, list[Any]] = defaultdict(list)  # round number -> attempts, latest first
@@ -157,7 +145,7 @@ class Uploads:
             for item in items:
                 try:
                     result = check_update(
-                        item, attempts.get(item.number, []), stored, selected, current_round, buffer
+                        item, attempts.get(item.number, []), stored, selected, current_round
                     )
                 except ServiceError as exc:
                     out.append(exc)
@@ -178,22 +166,9 @@ class Uploads:
                             "metrics": item.metrics,
                             "size": result.size,
                             "created_at": self.store.clock(),
-                            "buffer_round_id": result.buffer_round_id,
-                            "staleness": result.staleness,
                         }
                     )
-            if rows and buffer is not None:
-                assert fed is not None and spec.buffer_size is not None
-                c.execute(insert(Update), rows)
-                fed.updated_at = self.store.clock()  # a slot is free: waiting clients look again
-                if self.store.buffer_count(s, buffer.id) >= spec.buffer_size:
-                    out = [
-                        dataclasses.replace(r, round_complete=True)
-                        if isinstance(r, UploadResult) and r.created
-                        else r
-                        for r in out
-                    ]
-            elif rows:
+            if rows:
                 c.execute(insert(Update), rows)
                 for number in {
                     i.number for i, r in zip(items, out, strict=True) if isinstance(r, UploadResult)
@@ -205,6 +180,79 @@ class Uploads:
                             else r
                             for r in out
                         ]
+        return out
+
+    def _store_buffered_batch(
+        self, fid: int, items: Sequence[PendingUpload]
+    ) -> list[UploadResult | ServiceError]:
+        """Mode async: a batch of uploads stored one after another under the federation's lock, each
+        checked against the buffer open at that moment; the upload that fills the buffer writes its
+        version in the same transaction (`on_buffer_full`), so a version holds exactly buffer_size
+        updates and the next upload counts in the next buffer."""
+        spec = self.store.cached_spec(fid)
+        assert spec.max_staleness is not None and spec.buffer_size is not None
+        out: list[UploadResult | ServiceError] = []
+        with self.store.tx(urgent=True) as s:
+            try:
+                fed = self.store.lock_federation(s, fid)
+            except ServiceError as exc:
+                return [exc for _ in items]
+            c = s.connection()
+            for item in items:
+                rnd = self.store.open_round(s, fid)
+                buffer = None if rnd is None else Buffer(rnd.id, rnd.number, spec.max_staleness)
+                attempts = c.execute(
+                    select(Round.id, Round.number, Round.attempt, Round.state, Round.base_version)
+                    .where(Round.federation_id == fid, Round.number == item.number)
+                    .order_by(Round.attempt.desc())
+                ).all()
+                ids = [r.id for r in attempts]
+                stored = {
+                    (row.round_id, row.client_id): StoredUpdate(row.sha256, row.num_samples, row.size)
+                    for row in c.execute(
+                        select(
+                            Update.round_id, Update.client_id, Update.sha256, Update.num_samples, Update.size
+                        ).where(Update.round_id.in_(ids), Update.client_id == item.client_id)
+                    )
+                }
+                selected = {
+                    (row.round_id, row.client_id): Selection(row.revoked_at, row.num_samples)
+                    for row in c.execute(
+                        select(
+                            Participant.round_id, Participant.client_id, Client.revoked_at, Client.num_samples
+                        )
+                        .join(Client, Client.id == Participant.client_id)
+                        .where(Participant.round_id.in_(ids[:1]), Participant.client_id == item.client_id)
+                    )
+                }
+                try:
+                    result = check_update(item, attempts, stored, selected, fed.current_round, buffer)
+                except ServiceError as exc:
+                    out.append(exc)
+                    continue
+                if result.created:
+                    assert buffer is not None and result.buffer_round_id is not None
+                    c.execute(
+                        insert(Update),
+                        [
+                            {
+                                "round_id": attempts[0].id,
+                                "client_id": item.client_id,
+                                "blob": item.body,
+                                "sha256": item.digest,
+                                "num_samples": result.num_samples,
+                                "metrics": item.metrics,
+                                "size": result.size,
+                                "created_at": self.store.clock(),
+                                "buffer_round_id": result.buffer_round_id,
+                                "staleness": result.staleness,
+                            }
+                        ],
+                    )
+                    fed.updated_at = self.store.clock()  # a slot is free: waiting clients look again
+                    if self.store.buffer_count(s, buffer.id) >= spec.buffer_size and self.on_buffer_full:
+                        self.on_buffer_full(s, fed, buffer.id)
+                out.append(result)
         return out
 
     def _concurrent_upload(self, fid: int, number: int, client: Client, digest: str) -> UploadResult:
