@@ -65,7 +65,19 @@ def follow(
             status = admin.federation(fid)
             history = admin.rounds(fid)
             open_round = status.open_round
-            if open_round:
+            buffer = status.buffer
+            if open_round and buffer is not None:  # mode async: the buffer's fill, not a selection's uploads
+                progress.update(
+                    bar,
+                    description=f"buffer {open_round.round}/{total_rounds}: updates",
+                    completed=buffer.filled,
+                    total=buffer.buffer_size,
+                )
+                line = (
+                    f"buffer {open_round.round}/{total_rounds}: {buffer.filled}/{buffer.buffer_size} updates, "
+                    f"{buffer.tasks_held} client(s) training"
+                )
+            elif open_round:
                 parts = open_round.participants
                 uploaded = sum(p.uploaded for p in parts)
                 progress.update(

@@ -88,7 +88,10 @@ def round_records(rounds: list[dict[str, Any]], spec: dict[str, Any] | None = No
             {
                 "round": r["round"],
                 "attempt": r["attempt"],
-                "participants": stats.get("participants", len(r["participants"])),
+                # mode async: the updates the buffer held (its tasks may have come from earlier buffers)
+                "participants": (stats.get("buffer") or {}).get(
+                    "updates", stats.get("participants", len(r["participants"]))
+                ),
                 "accuracy": ev.get("accuracy"),
                 "macro_f1": ev.get("macro_f1"),
                 "collapsed": bool(ev.get("collapsed")),
