@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
         "--rounds", type=int, default=3, help="Rounds (mode async: the versions of as many updates)."
     )
     p.add_argument("--buffer-size", type=int, default=5)
-    p.add_argument("--local-steps", type=int, default=20)
+    p.add_argument("--local-steps", type=int, default=30)
     p.add_argument("--train-limit", type=int, default=4000)
     p.add_argument("--eval-limit", type=int, default=400)
     p.add_argument("--evaluators", type=int, default=2)

@@ -351,6 +351,48 @@ def peers_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def async_table(doc: dict[str, Any]) -> str:
+    """Mode async against rounds per seed: time to the target, accuracy at the budget, the ratios."""
+    s, target = doc["settings"], doc["target_accuracy"]
+
+    def secs(v: float | None) -> str:
+        return "not reached" if v is None else f"{v:.0f} s"
+
+    lines = [
+        f"| seed | rounds: time to {100 * target:.0f} % | async: time to {100 * target:.0f} % | async ÷ rounds "
+        "| budget (the faster mode's last version) | rounds: accuracy at the budget | async: accuracy at the budget "
+        "| async ÷ rounds, all versions |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in doc["pairs"]:
+        lines.append(
+            f"| {p['seed']} | {secs(p['time_to_target_sync_s'])} | {secs(p['time_to_target_async_s'])} "
+            f"| {_f(p['time_to_target_ratio'])}× | {p['budget_s']:.0f} s | {100 * p['accuracy_at_budget_sync']:.1f} % "
+            f"| {100 * p['accuracy_at_budget_async']:.1f} % | {_f(p['federation_ratio'])}× |"
+        )
+    runs = doc["runs"]
+    sync = next(r for r in runs if r["mode"] == "sync")
+    asy = next(r for r in runs if r["mode"] == "async")
+    staleness = [
+        r["mean_staleness"] for r in runs if r["mode"] == "async" and r["mean_staleness"] is not None
+    ]
+    lines += [
+        "",
+        f"{s['dataset']}, K = {s['clients']} clients, {s['local_steps']} local steps of batch 16 per update, "
+        f"{s['train_limit']:,} training examples, {s['eval_limit']} test examples (evaluated by {s['evaluators']} "
+        f"clients); client speeds `{s['client_speed']}`. Rounds: C = {sync['spec']['fraction']}, "
+        f"{sync['spec']['rounds']} rounds. Mode async: concurrency {asy['spec']['concurrency']}, buffer "
+        f"{asy['spec']['buffer_size']}, {asy['spec']['rounds']} versions; the same {sync['updates']} updates in "
+        f"all; mean staleness of the counted updates "
+        + ", ".join(f"{v:.2f}" for v in staleness)
+        + " by seed. The two alternate in order from seed to seed. Curves: "
+        f"[{Path(doc['plot']).name}](bench/results/{Path(doc['plot']).name}).",
+        "",
+        _machine(doc),
+    ]
+    return "\n".join(lines)
+
+
 TABLES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "comm": ("comm.json", comm_table),
     "aggregation": ("aggregation.json", aggregation_table),
@@ -360,6 +402,7 @@ TABLES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "ingest": ("ingest.json", ingest_table),
     "e2e": ("e2e.json", e2e_table),
     "peers": ("peers.json", peers_table),
+    "async": ("async.json", async_table),
 }
 
 
