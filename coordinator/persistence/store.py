@@ -66,6 +66,7 @@ _FED_ROW = select(Federation.id, Federation.state, Federation.current_round, Fed
 _HELD = (  # mode async: train tasks handed out since the cutoff and not uploaded, oldest first
     select(Participant.client_id, Round.number, Round.attempt, Round.base_version, Participant.dispatched_at)
     .join(Round, Round.id == Participant.round_id)
+    .join(Client, Client.id == Participant.client_id)
     .outerjoin(
         Update, and_(Update.round_id == Participant.round_id, Update.client_id == Participant.client_id)
     )
@@ -73,6 +74,7 @@ _HELD = (  # mode async: train tasks handed out since the cutoff and not uploade
         Round.federation_id == bindparam("fid"),
         Participant.dispatched_at >= bindparam("cutoff"),
         Update.id.is_(None),
+        Client.revoked_at.is_(None),  # a revoked client's task frees its slot at once
     )
     .order_by(Participant.dispatched_at)
 )

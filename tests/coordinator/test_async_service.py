@@ -159,3 +159,15 @@ def test_a_robust_rule_sees_the_buffer_rebased_and_a_late_client_starts_from_the
     )
     first = _task(api, fid, {"Authorization": f"Bearer {late.json()['token']}"})
     assert first is not None and (first["round"], first["version"]) == (2, 1)
+
+
+def test_a_revoked_clients_task_frees_its_slot_and_its_upload_is_refused(api: TestClient) -> None:
+    fid, (a, b, c) = enrol_clients(api, SPEC, 3, num_samples=100)
+    ta, tb = _task(api, fid, a), _task(api, fid, b)
+    assert ta is not None and tb is not None and _task(api, fid, c) is None  # concurrency 2
+    ids = {x["name"]: x["id"] for x in api.get(f"{API}/{fid}/clients", headers=ADMIN_AUTH).json()}
+    assert api.delete(f"{API}/{fid}/clients/{ids['site-0']}", headers=ADMIN_AUTH).status_code in (200, 204)
+    tc = _task(api, fid, c)
+    assert tc is not None and (tc["round"], tc["version"]) == (1, 0)
+    assert _upload(api, fid, a, ta, 1, 10)[0].status_code in (401, 403)
+    assert api.get(f"{API}/{fid}", headers=ADMIN_AUTH).json()["buffer"]["filled"] == 0
