@@ -74,7 +74,11 @@ def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads
         task = asyncio.create_task(_sweeper(service, settings.sweep_interval_s)) if sweep else None
         # other processes' changes, announced through Postgres NOTIFY (SQLite: one process, no replicas)
-        listener = ChangeListener(engine.url, service.store.changed) if service.store.notify else None
+        listener = (
+            ChangeListener(engine.url, service.store.changed, on_revoked=service.enrolment.forget_token)
+            if service.store.notify
+            else None
+        )
         if listener is not None:
             listener.start()
         yield

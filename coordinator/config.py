@@ -144,10 +144,12 @@ class Settings(BaseSettings):
         "transaction by one of them, so more threads make larger batches, not more connections.",
     )
     auth_cache_s: float = Field(
-        30.0,
+        300.0,
         ge=0,
-        description="How long a checked client token is trusted without a database lookup (0: never); "
-        "a client revoked through another coordinator process is refused within this time.",
+        description="How long a checked client token is trusted without a database lookup (0: never). "
+        "A revocation is announced to every coordinator process (Postgres NOTIFY), which drops the token "
+        "at once; this bounds how long a missed announcement could let a revoked client read (its writes "
+        "re-check it in their own transaction).",
     )
 
     @classmethod

@@ -34,7 +34,7 @@ class Coordinator:
         sessions: sessionmaker,
         *,
         clock: Callable[[], float] = time.time,
-        auth_cache_s: float = 30.0,
+        auth_cache_s: float = 300.0,
         default_round_deadline_s: float | None = None,
         max_prompt_bytes: int | None = None,
     ) -> None:

@@ -8,6 +8,11 @@ their next interval. An announcement missed while the connection was down costs 
 (the readers keep reading every interval); after reconnecting, every federation is announced, in
 case one changed meanwhile. SQLite has no replicas: one process, whose own commits are announced
 in-process.
+
+A revocation sends `NOTIFY fedprompt_client_revoked, '<token hash>'` (Store.announce_revocation):
+every other process drops that token from its authentication cache, so a revoked client is refused
+everywhere as soon as the announcement arrives, not only once the cache's entry expires; after a
+reconnection every cached token is dropped, in case a revocation was missed.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import threading
 from collections.abc import Callable
 
 import psycopg
-from fedprompt.coordinator.persistence.store import CHANNEL
+from fedprompt.coordinator.persistence.store import CHANNEL, REVOKED
 from sqlalchemy.engine import URL
 
 log = logging.getLogger("fedprompt.coordinator")
@@ -35,9 +40,15 @@ class ChangeListener:
     """A thread that LISTENs for announced federation changes and calls `on_change(fid)`."""
 
     def __init__(
-        self, url: URL, on_change: Callable[[int], None], *, poll_s: float = 1.0, retry_s: float = 1.0
+        self,
+        url: URL,
+        on_change: Callable[[int], None],
+        *,
+        on_revoked: Callable[[str | None], None] | None = None,
+        poll_s: float = 1.0,
+        retry_s: float = 1.0,
     ) -> None:
-        self._conninfo, self._on_change = conninfo(url), on_change
+        self._conninfo, self._on_change, self._on_revoked = conninfo(url), on_change, on_revoked
         self.poll_s, self.retry_s = poll_s, retry_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fedprompt-listen", daemon=True)
@@ -56,12 +67,19 @@ class ChangeListener:
                 name = f"fedprompt-listen-{os.getpid()}"  # which process's it is, in pg_stat_activity
                 with psycopg.connect(self._conninfo, autocommit=True, application_name=name) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
+                    conn.execute(f"LISTEN {REVOKED}")
                     if not first:  # announcements may have been missed while it was down
                         self._on_change(EVERY)
+                        if self._on_revoked is not None:
+                            self._on_revoked(None)
                     first = False
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=self.poll_s):
-                            self._announce(note.payload)
+                            if note.channel == REVOKED:
+                                if self._on_revoked is not None:
+                                    self._on_revoked(note.payload)
+                            else:
+                                self._announce(note.payload)
             except psycopg.Error as exc:
                 if self._stop.is_set():
                     break

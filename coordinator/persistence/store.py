@@ -55,6 +55,7 @@ VERSION_CACHE_ENTRIES = 8
 
 Stamp = tuple[Any, ...]
 CHANNEL = "fedprompt_federation_changed"  # Postgres NOTIFY channel; the payload is the federation id
+REVOKED = "fedprompt_client_revoked"  # Postgres NOTIFY channel; the payload is the revoked token's hash
 CHANGED = "fedprompt_changed_federations"  # Session.info key: federation ids changed in the transaction
 log = logging.getLogger("fedprompt.coordinator")
 
@@ -373,6 +374,13 @@ class Store:
                 listener(one)
             except Exception:  # a listener's failure must not fail the commit that is already done
                 log.exception("a change listener failed")
+
+    def announce_revocation(self, s: Session, token_hash: str) -> None:
+        """Tell the other processes, once the caller's transaction commits, that the client of this
+        token hash is revoked: they drop it from their authentication caches (Postgres NOTIFY; with
+        SQLite there is one process, and the revoking one drops it itself)."""
+        if self.notify:
+            s.connection().execute(select(func.pg_notify(REVOKED, token_hash)))
 
     def _note_changes(self, s: Session, _context: Any) -> None:
         """after_flush: remember the federations whose rows this flush changed (and NOTIFY on Postgres,

@@ -22,13 +22,14 @@ AUTH_CACHE_MAX_ENTRIES = 100_000
 class Enrolment:
     """Enrolment tokens, client enrolment and authentication, revocation; dashboard sessions."""
 
-    def __init__(self, store: Store, cycle: RoundCycle, *, auth_cache_s: float = 30.0) -> None:
+    def __init__(self, store: Store, cycle: RoundCycle, *, auth_cache_s: float = 300.0) -> None:
         self.store = store
         self.cycle = cycle
         # token hash -> (monotonic time checked, client): requests of a client within auth_cache_s of
         # its last check skip the lookup. A revocation by this process drops the client's entry at
-        # once; one made by another process is refused here within auth_cache_s, and an upload checks
-        # revocation in its own transaction whatever the cache says.
+        # once; one made by another process drops it when its announcement arrives (Postgres NOTIFY:
+        # forget_token), or within auth_cache_s if that was missed; and every write re-checks the
+        # client's standing in its own transaction whatever the cache says.
         self.auth_cache_s = auth_cache_s
         self._auth: dict[str, tuple[float, Client]] = {}
 
@@ -200,7 +201,16 @@ class Enrolment:
                 client.revoked_at = self.store.clock()
                 self.store.event(s, fid, "client_revoked", f"client {cid} revoked")
             token_hash = client.token_hash
+            self.store.announce_revocation(s, token_hash)  # to the other replicas, on commit
         self._auth.pop(token_hash, None)
+
+    def forget_token(self, token_hash: str | None) -> None:
+        """Another process revoked the client of this token hash (None: announcements may have been
+        missed, forget every cached token): its next request is checked against the database."""
+        if token_hash is None:
+            self._auth.clear()
+        else:
+            self._auth.pop(token_hash, None)
 
     # -- dashboard sessions ---------------------------------------------------------------------
 

@@ -152,3 +152,28 @@ def test_an_error_is_logged_once_without_locals_or_secrets(tmp_path: Path, pg_se
     assert "UndefinedColumn" in json.dumps(traces[0])
     assert len(logged.encode()) < 60 * 1024  # the trace and 60 access lines, not 36 MB
     assert worst < 1.0
+
+
+@pytest.mark.postgres
+def test_a_revoked_client_is_refused_by_every_replica_at_once_not_when_its_cache_expires(
+    tmp_path: Path, pg_server: str
+) -> None:
+    # Its reads too: the revoking replica announces the token (NOTIFY), and the other one drops it
+    # from its authentication cache, whose entries otherwise live FEDPROMPT_AUTH_CACHE_S (300 s).
+    with database("postgres", tmp_path, pg_server) as db, serve(db, tmp_path) as a, serve(db, tmp_path) as b:
+        fid, _, clients = populate(a.url)
+        victim = clients[2]
+        auth = {"Authorization": f"Bearer {victim['token']}"}
+        spec = f"{b.url}/api/v1/federations/{fid}/spec"
+        assert httpx.get(spec, headers=auth).status_code == 200  # b caches it
+        revoked = httpx.delete(
+            f"{a.url}/api/v1/federations/{fid}/clients/{victim['client_id']}", headers=ADMIN_H
+        )
+        assert revoked.status_code == 204
+        started = time.monotonic()
+        while (
+            answer := httpx.get(spec, headers=auth)
+        ).status_code == 200 and time.monotonic() - started < 10:
+            time.sleep(0.05)
+        assert answer.status_code == 403 and "revoked" in answer.json()["detail"], answer.text
+        assert time.monotonic() - started < 5  # the announcement, not the cache's 300 s
