@@ -355,13 +355,13 @@ class Tasks:
             c = s.connection()
             rnd = c.execute(_OPEN_ROUND, {"fid": fid}).first()
             held = self.store.held_tasks(s, fid, spec, fed_obj.latest_version)
-            if rnd is None or any(row.client_id == client.id for row in held):
-                return None  # the buffer closed, or a concurrent poll of this client took one: ask again
-            if not self._may_dispatch(c, rnd.id, client.id, len(held), spec):
+            own = [row for row in held if row.client_id == client.id]
+            if own:  # a concurrent poll of this client took one meanwhile
+                return self._buffered_train_task(s, self.store.fed_row(s, fid), own[-1], spec)
+            if rnd is None or not self._may_dispatch(c, rnd.id, client.id, len(held), spec):
                 return None
             now = self.store.clock()
             s.add(Participant(round_id=rnd.id, client_id=client.id, dispatched_at=now))
-            fed_obj.updated_at = now
             row = _Held(client.id, rnd.number, rnd.attempt, rnd.base_version, now)
             return self._buffered_train_task(s, self.store.fed_row(s, fid), row, spec)
 

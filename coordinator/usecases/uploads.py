@@ -249,7 +249,8 @@ class Uploads:
                             }
                         ],
                     )
-                    fed.updated_at = self.store.clock()  # a slot is free: waiting clients look again
+                    if spec.concurrency is not None:  # a slot is free: waiting clients look again
+                        fed.updated_at = self.store.clock()
                     if self.store.buffer_count(s, buffer.id) >= spec.buffer_size and self.on_buffer_full:
                         self.on_buffer_full(s, fed, buffer.id)
                 out.append(result)
