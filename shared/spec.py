@@ -449,7 +449,8 @@ class FederationSpec(BaseModel):
         ge=1,
         le=1_000_000,
         description="async only: the most clients training at once (default: no limit but the clients "
-        "enrolled). A client is given a new task as soon as it uploads, from the latest version.",
+        "enrolled). A client that uploaded is given a new task, from the latest version, as soon as that "
+        "is a version it has not trained from.",
     )
     buffer_size: int | None = Field(
         None,

@@ -156,18 +156,7 @@ class Uploads:
                     stored[(round_id, item.client_id)] = StoredUpdate(
                         item.digest, result.num_samples, result.size
                     )
-                    rows.append(
-                        {
-                            "round_id": round_id,
-                            "client_id": item.client_id,
-                            "blob": item.body,
-                            "sha256": item.digest,
-                            "num_samples": result.num_samples,
-                            "metrics": item.metrics,
-                            "size": result.size,
-                            "created_at": self.store.clock(),
-                        }
-                    )
+                    rows.append(self._update_row(item, result, round_id))
             if rows:
                 c.execute(insert(Update), rows)
                 for number in {
@@ -232,29 +221,29 @@ class Uploads:
                     continue
                 if result.created:
                     assert buffer is not None and result.buffer_round_id is not None
-                    c.execute(
-                        insert(Update),
-                        [
-                            {
-                                "round_id": attempts[0].id,
-                                "client_id": item.client_id,
-                                "blob": item.body,
-                                "sha256": item.digest,
-                                "num_samples": result.num_samples,
-                                "metrics": item.metrics,
-                                "size": result.size,
-                                "created_at": self.store.clock(),
-                                "buffer_round_id": result.buffer_round_id,
-                                "staleness": result.staleness,
-                            }
-                        ],
-                    )
+                    c.execute(insert(Update), [self._update_row(item, result, attempts[0].id)])
                     if spec.concurrency is not None:  # a slot is free: waiting clients look again
                         fed.updated_at = self.store.clock()
                     if self.store.buffer_count(s, buffer.id) >= spec.buffer_size and self.on_buffer_full:
                         self.on_buffer_full(s, fed, buffer.id)
                 out.append(result)
         return out
+
+    def _update_row(self, item: PendingUpload, result: UploadResult, round_id: int) -> dict[str, Any]:
+        """The updates row of an accepted upload (the blob exactly as received; the buffer it counts
+        in and its staleness there in mode async, None in rounds)."""
+        return {
+            "round_id": round_id,
+            "client_id": item.client_id,
+            "blob": item.body,
+            "sha256": item.digest,
+            "num_samples": result.num_samples,
+            "metrics": item.metrics,
+            "size": result.size,
+            "created_at": self.store.clock(),
+            "buffer_round_id": result.buffer_round_id,
+            "staleness": result.staleness,
+        }
 
     def _concurrent_upload(self, fid: int, number: int, client: Client, digest: str) -> UploadResult:
         """The answer to an upload that lost the race to an upload of the same client for the same
