@@ -140,19 +140,38 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--evaluators", type=int, default=2)
     p.add_argument("--client-speed", default="linear:max=10")
     p.add_argument("--target", type=float, default=75.0, help="Accuracy to reach, in %%.")
+    p.add_argument(
+        "--ladder",
+        default="70,72,74",
+        help="Further accuracies, in %%, whose times are reported beside the target's.",
+    )
+    p.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        help="Recompute the figures from this result file's runs (no runs).",
+    )
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-async")
     args = p.parse_args(argv)
     target = args.target / 100
+    targets = sorted({target, *(float(x) / 100 for x in args.ladder.split(",") if x.strip())})
     runs: list[dict[str, Any]] = []
-    for i, seed in enumerate(int(s) for s in args.seeds.split(",")):
-        for mode in ("sync", "async") if i % 2 == 0 else ("async", "sync"):
-            run = simulate(args.work / f"{mode}-seed{seed}", mode, seed, args)
-            print(
-                f"seed {seed} {mode}: {run['federation_s']:.0f} s, final {100 * run['final_accuracy']:.1f} %",
-                flush=True,
-            )
-            runs.append(run)
+    measured: dict[str, Any] = {}
+    if args.from_json is not None:  # the runs of an earlier result file, their figures computed again
+        kept = json.loads(args.from_json.read_text())
+        runs = kept["runs"]
+        measured = {"runs_from": {k: kept.get(k) for k in ("command", "finished_at", "machine")}}
+        args = argparse.Namespace(**{**kept["settings"], "target": args.target, "ladder": args.ladder})
+    else:
+        for i, seed in enumerate(int(s) for s in args.seeds.split(",")):
+            for mode in ("sync", "async") if i % 2 == 0 else ("async", "sync"):
+                run = simulate(args.work / f"{mode}-seed{seed}", mode, seed, args)
+                print(
+                    f"seed {seed} {mode}: {run['federation_s']:.0f} s, final {100 * run['final_accuracy']:.1f} %",
+                    flush=True,
+                )
+                runs.append(run)
     pairs = []
     for seed in sorted({r["seed"] for r in runs}):
         sync = next(r for r in runs if r["seed"] == seed and r["mode"] == "sync")
@@ -169,6 +188,15 @@ def main(argv: list[str] | None = None) -> None:
                 "accuracy_at_budget_sync": accuracy_at(sync["curve"], budget),
                 "accuracy_at_budget_async": accuracy_at(asy["curve"], budget),
                 "federation_ratio": ratio(asy["federation_s"], sync["federation_s"]),
+                "ladder": [
+                    {
+                        "target": x,
+                        "sync_s": time_to(sync["curve"], x),
+                        "async_s": time_to(asy["curve"], x),
+                        "ratio": ratio(time_to(asy["curve"], x), time_to(sync["curve"], x)),
+                    }
+                    for x in targets
+                ],
             }
         )
     png = RESULTS / "async-sst2.png"
@@ -187,10 +215,12 @@ def main(argv: list[str] | None = None) -> None:
         {
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "target_accuracy": target,
+            "targets": targets,
             "runs": runs,
             "pairs": pairs,
             "summary": summary,
             "plot": str(png.relative_to(ROOT)),
+            **measured,
         },
     )
     print(f"wrote {path} and {png}")

@@ -370,6 +370,20 @@ def async_table(doc: dict[str, Any]) -> str:
             f"| {_f(p['time_to_target_ratio'])}× | {p['budget_s']:.0f} s | {100 * p['accuracy_at_budget_sync']:.1f} % "
             f"| {100 * p['accuracy_at_budget_async']:.1f} % | {_f(p['federation_ratio'])}× |"
         )
+    lines += [
+        "",
+        "| accuracy | rounds reach it (seeds) | async reaches it (seeds) | rounds: time, per seed | async: time, per seed "
+        "| async ÷ rounds, per seed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for i, x in enumerate(doc.get("targets", [])):
+        steps = [p["ladder"][i] for p in doc["pairs"]]
+        lines.append(
+            f"| {100 * x:.0f} % | {sum(s['sync_s'] is not None for s in steps)} of {len(steps)} "
+            f"| {sum(s['async_s'] is not None for s in steps)} of {len(steps)} "
+            f"| {', '.join(secs(s['sync_s']) for s in steps)} | {', '.join(secs(s['async_s']) for s in steps)} "
+            f"| {', '.join('–' if s['ratio'] is None else _f(s['ratio']) + '×' for s in steps)} |"
+        )
     runs = doc["runs"]
     sync = next(r for r in runs if r["mode"] == "sync")
     asy = next(r for r in runs if r["mode"] == "async")
@@ -388,7 +402,7 @@ def async_table(doc: dict[str, Any]) -> str:
         + " by seed. The two alternate in order from seed to seed. Curves: "
         f"[{Path(doc['plot']).name}](bench/results/{Path(doc['plot']).name}).",
         "",
-        _machine(doc),
+        _machine(doc.get("runs_from") or doc),
     ]
     return "\n".join(lines)
 
