@@ -358,6 +358,9 @@ def async_table(doc: dict[str, Any]) -> str:
     def secs(v: float | None) -> str:
         return "not reached" if v is None else f"{v:.0f} s"
 
+    def times(v: float | None) -> str:
+        return "–" if v is None else f"{v:.2f}×"
+
     lines = [
         f"| seed | rounds: time to {100 * target:.0f} % | async: time to {100 * target:.0f} % | async ÷ rounds "
         "| budget (the faster mode's last version) | rounds: accuracy at the budget | async: accuracy at the budget "
@@ -367,8 +370,8 @@ def async_table(doc: dict[str, Any]) -> str:
     for p in doc["pairs"]:
         lines.append(
             f"| {p['seed']} | {secs(p['time_to_target_sync_s'])} | {secs(p['time_to_target_async_s'])} "
-            f"| {_f(p['time_to_target_ratio'])}× | {p['budget_s']:.0f} s | {100 * p['accuracy_at_budget_sync']:.1f} % "
-            f"| {100 * p['accuracy_at_budget_async']:.1f} % | {_f(p['federation_ratio'])}× |"
+            f"| {times(p['time_to_target_ratio'])} | {p['budget_s']:.0f} s | {100 * p['accuracy_at_budget_sync']:.1f} % "
+            f"| {100 * p['accuracy_at_budget_async']:.1f} % | {times(p['federation_ratio'])} |"
         )
     lines += [
         "",
@@ -382,7 +385,7 @@ def async_table(doc: dict[str, Any]) -> str:
             f"| {100 * x:.0f} % | {sum(s['sync_s'] is not None for s in steps)} of {len(steps)} "
             f"| {sum(s['async_s'] is not None for s in steps)} of {len(steps)} "
             f"| {', '.join(secs(s['sync_s']) for s in steps)} | {', '.join(secs(s['async_s']) for s in steps)} "
-            f"| {', '.join('–' if s['ratio'] is None else _f(s['ratio']) + '×' for s in steps)} |"
+            f"| {', '.join(times(s['ratio']) for s in steps)} |"
         )
     runs = doc["runs"]
     sync = next(r for r in runs if r["mode"] == "sync")
