@@ -75,6 +75,15 @@ def _client_loop(urls: list[str], fid: int, token: str, seed: int, stop: threadi
             c.close()
 
 
+def _past_evaluations(client: CoordinatorClient, fid: int) -> Any:
+    """The client's next task other than an evaluation (each reported at once), or None."""
+    task = client.task(fid, wait=0)
+    while isinstance(task, EvaluateTask):
+        client.report_evaluation(fid, task.version, {"num_samples": 5, "accuracy": 0.5})
+        task = client.task(fid, wait=0)
+    return task
+
+
 def _check_versions(db_url: str, fid: int) -> None:
     """Every version once, from its buffer's updates: x_v = x_{v−1} + Σ n·s(τ)·(y − x_b) / Σ n."""
     engine = make_engine(db_url)
@@ -162,10 +171,7 @@ def test_kill_9_with_a_half_full_buffer_loses_no_acknowledged_update(tmp_path: P
         ]
         clients = [CoordinatorClient(url, cred) for cred in creds]
         for i, c in enumerate(clients[:2]):
-            task = c.task(fid, wait=0)
-            while isinstance(task, EvaluateTask):
-                c.report_evaluation(fid, task.version, {"num_samples": 5, "accuracy": 0.5})
-                task = c.task(fid, wait=0)
+            task = _past_evaluations(c, fid)
             assert task is not None and task.round == 1
             status, body = c.upload(fid, 1, update_blob(spec, i, num_samples=10, base_version=0))
             assert status == 201
@@ -176,10 +182,7 @@ def test_kill_9_with_a_half_full_buffer_loses_no_acknowledged_update(tmp_path: P
         admin = CoordinatorClient(url, ADMIN)
         assert admin.rounds(fid)[0]["state"] == "open"  # two of three: the buffer waits
         last = CoordinatorClient(url, creds[2])
-        task = last.task(fid, wait=0)
-        while isinstance(task, EvaluateTask):
-            last.report_evaluation(fid, task.version, {"num_samples": 5, "accuracy": 0.5})
-            task = last.task(fid, wait=0)
+        task = _past_evaluations(last, fid)
         assert task is not None and task.round == 1
         status, body = last.upload(fid, 1, update_blob(spec, 2, num_samples=10, base_version=0))
         assert status == 201
