@@ -18,12 +18,11 @@ from typing import Any
 from fedprompt.shared.spec import (
     ASYNC_BUFFER_SIZE,
     ASYNC_MAX_STALENESS,
-    SECURE_AGGREGATION_MIN_CLIENTS,
     FederationSpec,
     check_precision,
-    check_secure_aggregation,
     default_lr,
 )
+from fedprompt.shared.spec_options import SECURE_AGGREGATION_MIN_CLIENTS, check_secure_aggregation
 from fedprompt.shared.vocab import (
     AggregationRule,
     DriftCorrection,
@@ -155,7 +154,7 @@ def parse_aggregation(
 def parse_server_optimizer(text: str) -> dict[str, Any] | None:
     """'fedadam:lr=0.1,beta1=0.9' → {"name": "fedadam", "lr": 0.1, "beta1": 0.9}; 'fedavg' → None (plain
     FedAvg), validated by the spec's ServerOptimizerSpec."""
-    from fedprompt.shared.spec import ServerOptimizerSpec
+    from fedprompt.shared.spec_options import ServerOptimizerSpec
     from pydantic import ValidationError
 
     parsed = parse_aggregation(text, "--server-optimizer", "fedadam:lr=0.1")
@@ -173,7 +172,7 @@ def parse_drift_correction(text: str) -> dict[str, Any] | None:
     """'fedprox:mu=0.1' → {"name": "fedprox", "mu": 0.1}; 'scaffold'; 'balanced' (the logit-adjusted
     loss alone; 'fedprox:balanced_loss=true' with FedProx); 'none' → None, validated by the spec's
     DriftCorrectionSpec."""
-    from fedprompt.shared.spec import DriftCorrectionSpec
+    from fedprompt.shared.spec_options import DriftCorrectionSpec
     from pydantic import ValidationError
 
     parsed = parse_aggregation(text, "--drift-correction", "fedprox:mu=0.01")
@@ -193,7 +192,7 @@ def privacy_spec(
     mechanism: str, epsilon: float | None, clip: float | None, delta: float | None
 ) -> dict[str, Any] | None:
     """The federation's privacy block from the --ldp-* options (None: LDP off), validated by PrivacySpec."""
-    from fedprompt.shared.spec import PrivacySpec
+    from fedprompt.shared.spec_options import PrivacySpec
     from pydantic import ValidationError
 
     if epsilon is None and clip is None:

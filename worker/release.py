@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from fedprompt.shared.evalstats import confusion_metrics
 from fedprompt.shared.privacy import gaussian_ldp, gaussian_noise_multiplier, laplace_ldp, ldp_rng
-from fedprompt.shared.spec import PrivacySpec
+from fedprompt.shared.spec_options import PrivacySpec
 from fedprompt.worker.poison import Backdoor
 
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fedprompt.shared.privacy import gaussian_noise_multiplier, spent_epsilon
-from fedprompt.shared.spec import PrivacySpec
+from fedprompt.shared.spec_options import PrivacySpec
 
 
 def round_stats(

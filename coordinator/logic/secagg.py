@@ -32,7 +32,8 @@ from fedprompt.coordinator.errors import Conflict, Invalid
 from fedprompt.coordinator.logic.round_states import STAGES
 from fedprompt.shared.secagg import graph, protocol, quantise, shamir, shares, signing
 from fedprompt.shared.secagg.client import Policy
-from fedprompt.shared.spec import FederationSpec, SecureAggregationSpec
+from fedprompt.shared.spec import FederationSpec
+from fedprompt.shared.spec_options import SecureAggregationSpec
 from fedprompt.shared.vocab import SecureStage
 
 

@@ -23,7 +23,8 @@ from fedprompt.coordinator.persistence.db import (
     Update,
 )
 from fedprompt.coordinator.persistence.store import Store
-from fedprompt.shared.spec import STALE_HEARTBEATS, FederationSpec, PrivacySpec, heartbeat_interval
+from fedprompt.shared.spec import STALE_HEARTBEATS, FederationSpec, heartbeat_interval
+from fedprompt.shared.spec_options import PrivacySpec
 from fedprompt.shared.vocab import RoundState
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session

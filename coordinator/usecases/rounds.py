@@ -43,7 +43,8 @@ from fedprompt.coordinator.persistence.store import Store
 from fedprompt.coordinator.usecases.reads import Reads, privacy_of
 from fedprompt.coordinator.usecases.secagg import SecureRounds
 from fedprompt.shared import drift, wire
-from fedprompt.shared.spec import FederationSpec, ServerOptimizerSpec
+from fedprompt.shared.spec import FederationSpec
+from fedprompt.shared.spec_options import ServerOptimizerSpec
 from fedprompt.shared.vocab import AggregationRule, FederationState, RoundState, ServerOptimizer
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, defer

@@ -19,7 +19,7 @@ from fedprompt.coordinator.logic.uploads import (
     weight,
 )
 from fedprompt.shared.contract import UploadReceipt
-from fedprompt.shared.spec import PrivacySpec
+from fedprompt.shared.spec_options import PrivacySpec
 
 OPEN = SimpleNamespace(id=7, attempt=2, state="open", base_version=3)
 FAILED = SimpleNamespace(id=6, attempt=1, state="failed", base_version=3)

@@ -13,7 +13,8 @@ from fedprompt.coordinator.errors import Conflict, Invalid
 from fedprompt.coordinator.logic import secagg as rules
 from fedprompt.shared.secagg import shares, signing
 from fedprompt.shared.secagg.client import Policy
-from fedprompt.shared.spec import FederationSpec, SecureAggregationSpec
+from fedprompt.shared.spec import FederationSpec
+from fedprompt.shared.spec_options import SecureAggregationSpec
 from pydantic import ValidationError
 
 SA = SecureAggregationSpec()

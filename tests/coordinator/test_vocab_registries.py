@@ -16,7 +16,8 @@ from fedprompt.coordinator.logic.round_states import STAGES
 from fedprompt.coordinator.logic.specs import validate_spec
 from fedprompt.coordinator.service import Coordinator
 from fedprompt.shared import vocab, wire
-from fedprompt.shared.spec import FederationSpec, ServerOptimizerSpec
+from fedprompt.shared.spec import FederationSpec
+from fedprompt.shared.spec_options import ServerOptimizerSpec
 from fedprompt.shared.vocab import (
     SERVER_OPTIMIZER_DEFAULTS,
     AggregationRule,

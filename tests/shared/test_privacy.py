@@ -28,7 +28,7 @@ from fedprompt.shared.privacy import (
     uncalibrated_epsilon,
     update_delta,
 )
-from fedprompt.shared.spec import PrivacySpec
+from fedprompt.shared.spec_options import PrivacySpec
 from pydantic import ValidationError
 
 

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from fedprompt.coordinator.errors import Invalid
 from fedprompt.coordinator.logic.specs import validate_spec
-from fedprompt.shared.spec import SERVER_OPTIMIZER_DEFAULTS, FederationSpec, ServerOptimizerSpec
+from fedprompt.shared.spec import SERVER_OPTIMIZER_DEFAULTS, FederationSpec
+from fedprompt.shared.spec_options import ServerOptimizerSpec
 
 
 def test_default_is_no_server_optimiser() -> None:

@@ -7,12 +7,8 @@ import json
 from typing import Any
 
 import pytest
-from fedprompt.shared.spec import (
-    DriftCorrectionSpec,
-    FederationSpec,
-    ServerOptimizerSpec,
-    check_secure_aggregation,
-)
+from fedprompt.shared.spec import FederationSpec
+from fedprompt.shared.spec_options import DriftCorrectionSpec, ServerOptimizerSpec, check_secure_aggregation
 from fedprompt.shared.vocab import (
     DriftCorrection,
     EncoderType,

@@ -16,7 +16,8 @@ import httpx
 import numpy as np
 import pytest
 from fedprompt.shared import wire
-from fedprompt.shared.spec import DriftCorrectionSpec, FederationSpec
+from fedprompt.shared.spec import FederationSpec
+from fedprompt.shared.spec_options import DriftCorrectionSpec
 from fedprompt.worker.agent import Agent, AgentConfig
 from fedprompt.worker.data import Example
 from fedprompt.worker.slots import held_slots

@@ -13,7 +13,8 @@ import pytest
 from fedprompt.coordinator.logic.evaluation import summarize_evaluations
 from fedprompt.shared import wire
 from fedprompt.shared.privacy import gaussian_noise_multiplier
-from fedprompt.shared.spec import FederationSpec, PrivacySpec
+from fedprompt.shared.spec import FederationSpec
+from fedprompt.shared.spec_options import PrivacySpec
 from fedprompt.worker.agent import Agent, AgentConfig
 from fedprompt.worker.data import Example
 from fedprompt.worker.poison import (
