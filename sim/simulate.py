@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from fedprompt.shared.client import CoordinatorClient
-from fedprompt.shared.local import free_port, wait_ready
-from fedprompt.shared.privacy import client_noise_seed
+from fedprompt.shared.local import free_port
 from fedprompt.shared.spec import (
     ASYNC_BUFFER_SIZE,
     ASYNC_MAX_STALENESS,
@@ -39,6 +36,7 @@ from fedprompt.sim.argv import WorkerPool
 from fedprompt.sim.baseline import STOPPED, run_baseline
 from fedprompt.sim.data_options import print_data
 from fedprompt.sim.enrol import enrol_in_order
+from fedprompt.sim.launch import Run, announce, client_entry, pool_file, start_coordinator
 from fedprompt.sim.options import (
     Dataset,
     SimulateOptions,
@@ -50,7 +48,7 @@ from fedprompt.sim.options import (
 from fedprompt.sim.outdir import OutError, OutState, check_out, recorded_options, wipe
 from fedprompt.sim.progress import follow, site_fetcher
 from fedprompt.sim.results import attach_sites, round_records, run_facts, write_results
-from fedprompt.sim.supervisor import Processes, SimulationError, bin_path
+from fedprompt.sim.supervisor import Processes, SimulationError
 from fedprompt.sim.tables import console, print_summary
 from fedprompt.sim.tracking import log_run, parse_track, shown, store_uri
 from fedprompt.worker.data.help import (
@@ -65,7 +63,6 @@ from fedprompt.worker.data.help import (
 )
 from fedprompt.worker.naming import DATA_NAME_HELP
 from fedprompt.worker.poison import TRIGGER_POSITION_HELP
-from fedprompt.worker.pool import BackdoorEntry, ClientEntry, PoolConfig
 from rich.markup import escape
 
 
@@ -334,47 +331,6 @@ def simulate_command(
     simulate(opts)
 
 
-@dataclass(frozen=True)
-class Run:
-    """Where and how this run's processes live: the results folder, their environment and CPU shares."""
-
-    out: Path
-    env: dict[str, str]
-    admin_token: str
-    cores: int
-    parallel: int
-    threads: int
-    processes: int
-
-    @property
-    def state_path(self) -> Path:
-        """simulation.json: the federation and set-up of this folder (its presence means: continue)."""
-        return self.out / "simulation.json"
-
-    @classmethod
-    def prepare(cls, opts: SimulateOptions, out: Path) -> Run:
-        """Make the folders; the coordinator's database, a fresh admin token, the CPU split."""
-        (out / "logs").mkdir(parents=True, exist_ok=True)
-        cores = os.cpu_count() or 1
-        parallel = opts.parallel or cores
-        admin_token = secrets.token_urlsafe(32)
-        env = {
-            **os.environ,
-            "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
-            "FEDPROMPT_DATABASE_URL": opts.database_url or f"sqlite:///{out / 'fedprompt.db'}",
-            "FEDPROMPT_ADMIN_TOKEN": admin_token,
-            "FEDPROMPT_DATA_DIR": str(out),
-            "FEDPROMPT_SWEEP_INTERVAL_S": "0.5",
-            # glibc gives each thread that allocates its own arena (up to 8 per core) and keeps what it
-            # frees there: a pool process runs one thread per client, so without a cap its memory grew
-            # with the number of distinct clients it had trained (README, "Simulating a federation")
-            "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "2"),
-        }
-        processes = min(opts.processes or (1 if opts.device == "cuda" else cores), opts.clients)
-        threads = max(1, cores // min(parallel, processes))
-        return cls(out, env, admin_token, cores, parallel, threads, processes)
-
-
 def simulate(opts: SimulateOptions) -> None:
     """The command: exit 2 on a bad option, 1 when a process fails, 130 when interrupted."""
     started = time.monotonic()
@@ -489,7 +445,7 @@ def _federate(
     """Every step from the coordinator's start to results.json; returns the results. `progress` gets
     the coordinator's client, the federation and its spec as soon as they exist (for partial results)."""
     continuing = run.state_path.exists()
-    url = _start_coordinator(procs, run, opts.dashboard_port)
+    url = start_coordinator(procs, run, opts.dashboard_port)
     announce(url, run.out, run.admin_token)
     admin = CoordinatorClient(url, run.admin_token)
     fid, spec = (
@@ -508,10 +464,10 @@ def _federate(
     enrol_in_order(admin, url, fid, token, setup, seed, run.out / "workers", eval_shares=evaluators)
     for p in range(run.processes):
         members = [
-            _client(i, fid, setup, seed, run, eval_shares=evaluators)
+            client_entry(i, fid, setup, seed, run, eval_shares=evaluators)
             for i in range(p, clients, run.processes)
         ]
-        pool = WorkerPool(config=_pool_file(p, url, fid, token, members, run, opts.device), port=free_port())
+        pool = WorkerPool(config=pool_file(p, url, fid, token, members, run, opts.device), port=free_port())
         procs.start(f"worker pool {p}", pool.argv(), run.out / "logs" / f"pool-{p}.log", run.env, restarts=3)
     records, initial = follow(admin, fid, spec, clients, procs)
     adapter = admin.export(fid, "best", "peft") if opts.track else None  # while the coordinator is up
@@ -546,40 +502,6 @@ def _federate(
         told = f"run {where} in {shown(store_uri(track[1], Path.cwd()))}" if track[0] == "mlflow" else where
         console.print(f"logged to {track[0]}: {told}", soft_wrap=True)
     return results
-
-
-def announce(url: str, out: Path, admin_token: str) -> Path:
-    """Write the coordinator's admin token to <out>/admin-token (0600) and say where the dashboard, the
-    API and the token are, for an operator who wants to watch or steer the run; the token's file."""
-    token_file = out / "admin-token"
-    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(admin_token + "\n")
-    os.chmod(token_file, 0o600)
-    console.print(
-        f"coordinator {url}: dashboard {url}/dashboard, API {url}/docs; admin token in {token_file} "
-        f"(export FEDPROMPT_COORDINATOR={url} FEDPROMPT_ADMIN_TOKEN=$(cat {token_file}))",
-        soft_wrap=True,
-    )
-    return token_file
-
-
-def _start_coordinator(procs: Processes, run: Run, port: int | None = None) -> str:
-    """`fedprompt-coordinator serve` on a loopback port (a free one unless given); its URL once it
-    answers."""
-    port = port or free_port()
-    url = f"http://127.0.0.1:{port}"
-    procs.start(
-        "coordinator",
-        [bin_path("fedprompt-coordinator"), "serve", "--port", str(port), "--log-level", "warning"],
-        run.out / "logs" / "coordinator.log",
-        run.env,
-    )
-    try:
-        wait_ready(url, check=procs.check)
-    except TimeoutError as exc:
-        raise SimulationError(str(exc)) from None
-    return url
 
 
 def _continue_federation(admin: CoordinatorClient, run: Run) -> tuple[int, dict[str, Any]]:
@@ -626,61 +548,3 @@ def _create_federation(
     }
     run.state_path.write_text(json.dumps(setup, indent=2))
     return fid, admin.federation(fid).spec
-
-
-def _client(
-    i: int, fid: int, setup: dict[str, Any], seed: int, run: Run, *, eval_shares: int | None = None
-) -> ClientEntry:
-    """Client i: its shard of the data set (of the test split too when i < eval_shares, or always
-    without), its state folder, its slowdown, and the backdoor if it is malicious."""
-    door, slowdowns = setup.get("backdoor") or {}, setup.get("slowdowns")
-    malicious = bool(door) and i < int(door["malicious"])
-    backdoor = None
-    # the ASR only where it means something: a backdoor in the federation, or asked for (--measure-asr)
-    attacked = bool(door) and (int(door["malicious"]) > 0 or bool(door.get("measure_asr")))
-    if attacked and door.get("target_label") is not None:
-        backdoor = BackdoorEntry(
-            target_label=int(door["target_label"]),
-            trigger=door["trigger"],
-            trigger_position=door["trigger_position"],
-            poison_rate=float(door["poison_rate"]) if malicious else 0.0,
-            attack=door["attack"] if malicious else "none",
-        )
-    return ClientEntry(
-        name=f"client-{i}",
-        state_dir=run.out / "workers" / str(i),
-        data=setup["dataset"],
-        partition=setup["partition"],
-        num_partitions=int(setup["clients"]),
-        partition_id=i,
-        seed=seed,
-        train_limit=setup.get("train_limit") or None,
-        eval_limit=setup.get("eval_limit") or None,
-        eval_shares=eval_shares,
-        backdoor=backdoor,
-        ldp_seed=client_noise_seed(seed, i),  # reproducible LDP noise (production workers: OS entropy)
-        slowdown=slowdowns[i] if slowdowns else 1.0,
-    )
-
-
-def _pool_file(
-    p: int, url: str, fid: int, token: str, members: list[ClientEntry], run: Run, device: str
-) -> Path:
-    """The pool file of worker process p (0600: it holds the enrolment token)."""
-    config = PoolConfig(
-        coordinator=url,
-        federation=fid,
-        enrollment_token=token,
-        device=device,
-        threads=run.threads,
-        thread_budget=None if device == "cuda" else run.cores,
-        slots_dir=run.out / "slots",
-        slots=run.parallel,
-        clients=members,
-    )
-    path = run.out / "pools" / f"pool-{p}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(config.model_dump_json(indent=2))
-    return path

@@ -11,7 +11,7 @@ import pytest
 import typer
 import typer.main
 from fedprompt.sim.argv import TrainLocal, WorkerPool, to_args
-from fedprompt.sim.simulate import Run, _client, _pool_file
+from fedprompt.sim.launch import Run, client_entry, pool_file
 from fedprompt.worker.cli import pool, serve
 from fedprompt.worker.pool import PoolConfig
 from fedprompt.worker.train_local import train_local_command
@@ -73,7 +73,7 @@ def test_malicious_clients_get_the_poisoning_and_honest_ones_only_the_asr_target
         },
     }
 
-    bad, good = _client(0, 1, setup, 7, _run(tmp_path)), _client(3, 1, setup, 7, _run(tmp_path))
+    bad, good = client_entry(0, 1, setup, 7, _run(tmp_path)), client_entry(3, 1, setup, 7, _run(tmp_path))
 
     assert (bad.name, bad.partition_id, bad.num_partitions, bad.seed) == ("client-0", 0, 4, 7)
     assert bad.state_dir == tmp_path / "workers" / "0" and bad.train_limit == 300 and bad.eval_limit is None
@@ -94,21 +94,23 @@ def test_a_clean_federation_measures_no_asr_unless_asked_and_every_client_gets_i
     }
     setup = {"dataset": "sst2", "partition": "iid", "clients": 3, "backdoor": door | {"attack": "none"}}
 
-    clean = [_client(i, 1, setup, 5, _run(tmp_path)) for i in range(3)]
-    asked = _client(0, 1, setup | {"backdoor": setup["backdoor"] | {"measure_asr": True}}, 5, _run(tmp_path))
+    clean = [client_entry(i, 1, setup, 5, _run(tmp_path)) for i in range(3)]
+    asked = client_entry(
+        0, 1, setup | {"backdoor": setup["backdoor"] | {"measure_asr": True}}, 5, _run(tmp_path)
+    )
 
     assert all(c.backdoor is None for c in clean)  # no backdoor configured: no ASR anywhere
     assert asked.backdoor is not None and asked.backdoor.poison_rate == 0.0  # --measure-asr: clean triggers
     assert len({c.ldp_seed for c in clean}) == 3  # reproducible noise, different per client
-    assert _client(1, 1, setup, 5, _run(tmp_path)).ldp_seed == clean[1].ldp_seed
-    assert _client(1, 1, setup, 6, _run(tmp_path)).ldp_seed != clean[1].ldp_seed
+    assert client_entry(1, 1, setup, 5, _run(tmp_path)).ldp_seed == clean[1].ldp_seed
+    assert client_entry(1, 1, setup, 6, _run(tmp_path)).ldp_seed != clean[1].ldp_seed
 
 
 def test_pool_files_are_private_and_read_back_by_the_worker(tmp_path: Path) -> None:
     setup = {"dataset": "sst2", "partition": "iid", "clients": 2, "backdoor": {}, "slowdowns": [1.0, 2.5]}
-    members = [_client(i, 5, setup, 0, _run(tmp_path)) for i in range(2)]
+    members = [client_entry(i, 5, setup, 0, _run(tmp_path)) for i in range(2)]
 
-    path = _pool_file(0, "http://127.0.0.1:9", 5, "fpe_secret", members, _run(tmp_path), "cpu")
+    path = pool_file(0, "http://127.0.0.1:9", 5, "fpe_secret", members, _run(tmp_path), "cpu")
 
     assert path.stat().st_mode & 0o777 == 0o600
     back = PoolConfig.read(path)
@@ -120,9 +122,9 @@ def test_pool_files_are_private_and_read_back_by_the_worker(tmp_path: Path) -> N
 
 def test_without_client_speed_every_client_runs_at_full_speed(tmp_path: Path) -> None:
     setup = {"dataset": "sst2", "partition": "iid", "clients": 2, "backdoor": {}, "slowdowns": None}
-    assert [_client(i, 5, setup, 0, _run(tmp_path)).slowdown for i in range(2)] == [1.0, 1.0]
+    assert [client_entry(i, 5, setup, 0, _run(tmp_path)).slowdown for i in range(2)] == [1.0, 1.0]
     del setup["slowdowns"]  # a simulation.json from before --client-speed
-    assert _client(1, 5, setup, 0, _run(tmp_path)).slowdown == 1.0
+    assert client_entry(1, 5, setup, 0, _run(tmp_path)).slowdown == 1.0
 
 
 def test_the_baseline_command_parses_with_train_local(

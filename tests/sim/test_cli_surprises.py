@@ -300,7 +300,7 @@ def test_simulate_announces_the_dashboard_and_the_admin_token(
 ) -> None:
     import stat
 
-    from fedprompt.sim.simulate import announce
+    from fedprompt.sim.launch import announce
 
     path = announce("http://127.0.0.1:5555", tmp_path, "t" * 40)
     text = " ".join(capsys.readouterr().out.split())
