@@ -13,6 +13,7 @@ import anyio.to_thread
 from fastapi import Depends, FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi.staticfiles import StaticFiles
+from fastapi.telemetry import TelemetryConfig
 from fedprompt.coordinator.api import problems
 from fedprompt.coordinator.api.body_limit import BodyLimitMiddleware
 from fedprompt.coordinator.api.longpoll import TaskPoll
@@ -46,6 +47,10 @@ async def _sweeper(service: Coordinator, interval: float) -> None:
         except Exception:  # keep sweeping: a transient DB error must not stop deadlines
             log.exception("sweep failed")
         await asyncio.sleep(interval)
+
+
+# every switch of FastAPI's TelemetryConfig that makes a request do telemetry work
+NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}
 
 
 def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
@@ -99,6 +104,10 @@ def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
         dependencies=[Depends(bind_route_context)],
         docs_url=None,  # /docs and /redoc from the package's own assets (mount_api_docs), not a CDN
         redoc_url=None,
+        # FastAPI's own OpenTelemetry hooks off: the coordinator reports through Prometheus and its
+        # access log, and the hooks asked the global tracer, meter and logger providers (reading the
+        # environment) on every request
+        telemetry=NO_TELEMETRY,
     )
     app.state.settings = settings
     app.state.service = service

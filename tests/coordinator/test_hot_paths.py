@@ -240,3 +240,19 @@ def test_the_board_answers_as_next_task_does_with_one_query_per_task_found(servi
         assert s.scalar(select(Participant.downloaded_bytes).where(Participant.client_id == a.id)) > 0
     service.enrolment.revoke_client(fid, b.id)  # revoked: the board no longer holds it, next_task answers
     assert tasks.next_task_at(fid, b, store.federation_stamp(fid, 0)) == tasks.next_task(fid, b)
+
+
+def test_a_request_asks_no_telemetry_provider(api: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FastAPI's OpenTelemetry hooks are off: serving a request never asks the global tracer, meter or
+    logger provider (each of which read the environment on every request while the hooks were on)."""
+    import opentelemetry._logs as otel_logs
+    from opentelemetry import metrics, trace
+
+    asked: list[str] = []
+    for module, name in ((trace, "get_tracer_provider"), (metrics, "get_meter_provider")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda real=real, name=name: asked.append(name) or real())
+    real_logs = otel_logs.get_logger_provider
+    monkeypatch.setattr(otel_logs, "get_logger_provider", lambda: asked.append("logs") or real_logs())
+    assert api.get("/healthz").status_code == 200
+    assert asked == []
