@@ -25,6 +25,7 @@ The full grid takes hours on 2 cores; ``--quick`` (K ∈ {100, 1,000}, 20×384 o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -33,7 +34,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -182,14 +183,21 @@ def run_coordinator(name: str, k: int, c: float, hidden: int, args: argparse.Nam
 
     backend, _, build = name.partition("@")
     env = {**ENV, "PYTHONPATH": str(Path(args.previous).resolve())} if build == "previous" else ENV
+    replicas = args.replicas if backend == "postgres" else 1  # SQLite: one process, no replicas
 
     with tempfile.TemporaryDirectory(prefix="fedprompt-ingest-") as tmp:
         tmpdir = Path(tmp)
         db_ctx = Postgres() if backend == "postgres" else None
         db = db_ctx.__enter__() if db_ctx else f"sqlite:///{tmpdir / 'coordinator.db'}"
         try:
-            with coordinator_process(db, tmpdir, extra_env=env) as (url, proc):
-                admin = CoordinatorClient(url, ADMIN, timeout=600.0)  # history of 1,000s of participants
+            with contextlib.ExitStack() as stack:
+                # the replicas one after another: each applies the migrations before it answers
+                started = [
+                    stack.enter_context(coordinator_process(db, _folder(tmpdir, r), extra_env=env))
+                    for r in range(replicas)
+                ]
+                urls, procs = [u for u, _ in started], [p for _, p in started]
+                admin = CoordinatorClient(urls[0], ADMIN, timeout=600.0)  # history of 1,000s of participants
                 spec = FederationSpec(
                     name=f"ingest-{k}-{c}",
                     hidden_size=hidden,
@@ -204,15 +212,18 @@ def run_coordinator(name: str, k: int, c: float, hidden: int, args: argparse.Nam
                 )
                 fid = admin.create_federation(spec.model_dump(mode="json")).id
                 token = admin.create_enrollment_token(fid, max_uses=k)
-                cpu0 = proc_cpu_seconds(proc.pid)
+                cpu0 = [proc_cpu_seconds(p.pid) for p in procs]
                 t0 = time.time()
-                spy = _profiler(proc.pid, args, f"{name.replace('@', '-')}-{k}-{c}-{hidden}")
-                load = _loadgen(url, tmpdir / "load.json", k, hidden, args, fid=fid, enrol_token=token)
+                spy = _profiler(procs[0].pid, args, f"{name.replace('@', '-')}-{k}-{c}-{hidden}")
+                load = _loadgen(
+                    ",".join(urls), tmpdir / "load.json", k, hidden, args, fid=fid, enrol_token=token
+                )
                 profile = _stop_profiler(spy)
                 wall = time.time() - t0
-                cpu = proc_cpu_seconds(proc.pid) - cpu0
-                peak = proc_peak_rss_mib(proc.pid)
+                cpu = sum(proc_cpu_seconds(p.pid) - c0 for p, c0 in zip(procs, cpu0, strict=True))
+                peaks = [proc_peak_rss_mib(p.pid) for p in procs]
                 history = admin.rounds(fid)
+                latest = admin.federation(fid).latest_version
                 admin.close()
         finally:
             if db_ctx:
@@ -225,12 +236,29 @@ def run_coordinator(name: str, k: int, c: float, hidden: int, args: argparse.Nam
         "c": c,
         "prompt": [20, hidden],
         **analysed,
-        "coordinator_cpu_s": cpu,
+        "replicas": replicas,
+        "closed_once": closed_once(history, args.rounds, latest),
+        "coordinator_cpu_s": cpu,  # all replicas together
         "cpu_ms_per_request": 1000 * cpu / max(analysed["requests"], 1),
-        "coordinator_peak_rss_mib": peak,
+        "coordinator_peak_rss_mib": max(peaks),
+        "replica_peak_rss_mib": peaks,
         "wall_s": wall,
         **({"profile": profile} if profile else {}),
     }
+
+
+def _folder(parent: Path, replica: int) -> Path:
+    """A replica's own data folder (its log, its files) under the run's temporary folder."""
+    path = parent / f"replica-{replica}"
+    path.mkdir()
+    return path
+
+
+def closed_once(history: list[dict[str, Any]], rounds: int, latest: int) -> bool:
+    """Whether each round 1..rounds was closed by exactly one attempt and the latest version is the
+    last round's: with several replicas, no round was aggregated twice and none was lost."""
+    closed = Counter(r["round"] for r in history if r["state"] == "closed")
+    return closed == Counter(range(1, rounds + 1)) and latest == rounds
 
 
 def run_null(k: int, c: float, hidden: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -381,11 +409,14 @@ def run_point(k: int, c: float, hidden: int, backends: list[str], args: argparse
 
 def _print_run(name: str, row: dict[str, Any]) -> None:
     gen = row["generator"]
+    replicas = row.get("replicas", 1)
+    shared = f"{replicas} replicas, each round closed once: {row['closed_once']}, " if replicas > 1 else ""
     print(
         f"[{row['repeat']}] {name} K={row['k']} C={row['c']} 20x{row['prompt'][1]}: {row['uploads']} uploads, "
         f"{row['uploads_per_s'] or 0:.0f}/s, upload p50/p99 {row['upload_s']['p50'] or 0:.3f}/"
         f"{row['upload_s']['p99'] or 0:.3f} s, poll delivery p99 {row['poll_delivery_s']['p99'] or 0:.3f} s, "
-        f"cpu {row['cpu_ms_per_request']:.2f} ms/request, errors {row['errors']}, generator cpu {gen.get('cpu_s') or 0:.1f} s, "
+        f"cpu {row['cpu_ms_per_request']:.2f} ms/request, errors {row['errors']}, {shared}"
+        f"generator cpu {gen.get('cpu_s') or 0:.1f} s, "
         f"lag p99 {(gen.get('loop_lag_s') or {}).get('p99') or 0:.3f} s, "
         f"load {row['loadavg_start'][0]:.1f} -> {row['loadavg_end'][0]:.1f}",
         flush=True,
@@ -473,6 +504,12 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="source tree of the previous build (e.g. a git worktree): its coordinator runs beside this one's",
     )
+    ap.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="coordinator processes behind the one Postgres database (SQLite runs stay one process)",
+    )
     ap.add_argument("--name", default="ingest")
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args(argv)
@@ -495,6 +532,7 @@ def main(argv: list[str] | None = None) -> None:
                 "quick": args.quick,
                 "repeats": args.repeats,
                 "backends": backends,
+                "replicas": args.replicas,
                 "previous": _describe_tree(args.previous) if args.previous else None,
             },
             "points": points,

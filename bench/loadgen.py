@@ -240,7 +240,10 @@ def generator_limits(
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    """All workers; clients share a connection pool per group of 50 (a pool per process scales badly)."""
+    """All workers; clients share a connection pool per group of 50 (a pool per process scales badly).
+    With several coordinator replicas (--url A,B,...) the groups are dealt to them in turn, as a load
+    balancer that spreads connections would: a client's requests all reach one replica, and a change
+    made through another (a round opened or closed there) reaches it through the database."""
     rec = Recorder()
     blobs = Blobs((args.tokens, args.hidden))
     stop = asyncio.Event()
@@ -248,14 +251,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     connects: list[float] = []
     cpu0 = sum(os.times()[:2])
     # idle connections are dropped long before the coordinator closes them (FEDPROMPT_KEEP_ALIVE_S, 30 s)
+    urls = [u for u in args.url.split(",") if u]
     pools = [
         aiohttp.ClientSession(
-            base_url=args.url,
+            base_url=urls[g % len(urls)],
             connector=aiohttp.TCPConnector(limit=60, keepalive_timeout=2.0),
             timeout=aiohttp.ClientTimeout(total=120.0),
             trace_configs=[connection_trace(connects)],
         )
-        for _ in range((args.clients + 49) // 50)
+        for g in range((args.clients + 49) // 50)
     ]
     t0 = time.time()
     tick = asyncio.create_task(ticker(lags, stop))
@@ -297,7 +301,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     """Parse options, run, write the JSON file."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--url", required=True)
+    ap.add_argument("--url", required=True, help="the coordinator, or its replicas comma-separated")
     ap.add_argument("--fid", type=int, default=1)
     ap.add_argument("--enrol-token", default="x")
     ap.add_argument("--clients", type=int, required=True)

@@ -73,6 +73,34 @@ def test_ingest_repeats_interleave_the_null_app_and_record_the_generator(tmp_pat
     assert "| null app |" in table and "| sqlite |" in table and "2 repeats" in table
 
 
+@pytest.mark.postgres
+def test_ingest_runs_two_replicas_behind_one_postgres_and_each_round_closes_once(tmp_path: Path) -> None:
+    """100 workers in two groups of 50, one group per replica: the rounds one replica opens and closes
+    reach the other's workers through the database, and no round is closed twice."""
+    ingest.main(
+        ["--grid", "100x1.0", "--hidden", "384", "--backends", "postgres", "--replicas", "2", "--repeats", "1",
+         "--rounds", "2", "--train-s", "0.5", "--wait", "2", "--time-limit", "120", "--out-dir", str(tmp_path)]
+    )  # fmt: skip
+    doc = _result(tmp_path, "ingest")
+    assert doc["settings"]["replicas"] == 2
+    row = doc["points"][0]["repeats"][0]["runs"]["postgres"]
+    assert row["replicas"] == 2 and len(row["replica_peak_rss_mib"]) == 2
+    assert row["errors"] == 0 and row["uploads"] == 200 and row["rounds_closed"] == 2
+    assert row["closed_once"] is True and row["train_delivery_s"]["n"] == 200
+
+
+def test_closed_once_needs_each_round_closed_by_exactly_one_attempt() -> None:
+    closed = [
+        {"round": 1, "state": "closed"},
+        {"round": 2, "state": "failed"},
+        {"round": 2, "state": "closed"},
+    ]
+    assert ingest.closed_once(closed, 2, latest=2)
+    assert not ingest.closed_once(closed, 2, latest=1)  # a version lost
+    assert not ingest.closed_once([*closed, {"round": 2, "state": "closed"}], 2, latest=2)  # closed twice
+    assert not ingest.closed_once(closed[:1], 2, latest=1)  # a round never closed
+
+
 @pytest.mark.slow
 def test_worker_times_engine_and_bare_loop(tmp_path: Path) -> None:
     worker.main(
