@@ -29,6 +29,7 @@ from fedprompt.shared.secagg.protocol import flatten
 from fedprompt.shared.spec import FederationSpec, client_steps
 from fedprompt.worker.data import Example
 from fedprompt.worker.joining import FatalWorkerError, check_model, join, state_model_parameters
+from fedprompt.worker.memory import release_freed_memory
 from fedprompt.worker.poison import Backdoor
 from fedprompt.worker.protocol import Engine, EngineFactory
 from fedprompt.worker.release import evaluation_report, release
@@ -262,6 +263,7 @@ class Agent:
                 if self.asr_data
                 else None
             )
+        release_freed_memory()
         report = evaluation_report(result, asr)
         if self.spec is not None and self.spec.secure_aggregation is not None:
             report = evaluation_in_the_clear(report, self.spec.secure_aggregation.report_confusion)
@@ -416,6 +418,7 @@ class Agent:
                 blob = self._masked(task, blob_in, trained, metrics)
             else:
                 blob = self.engine.save_prompt(meta) if tensors is None else wire.encode(tensors, meta)
+        release_freed_memory()  # what the round's training freed: another client of this process trains next
         log.info("round %s: trained in %.1f s, mean loss %.4f", number, result.seconds, result.mean_loss)
         self.state.save_pending(number, blob)
         self.status.last_train = {"round": number, **metrics, "slowdown_wait_s": slowdown_wait_s}
