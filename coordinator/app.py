@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import anyio.to_thread
 from fastapi import Depends, FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi.staticfiles import StaticFiles
-from fastapi.telemetry import TelemetryConfig
 from fedprompt.coordinator.api import problems
 from fedprompt.coordinator.api.body_limit import BodyLimitMiddleware
 from fedprompt.coordinator.api.longpoll import TaskPoll
@@ -49,8 +50,13 @@ async def _sweeper(service: Coordinator, interval: float) -> None:
         await asyncio.sleep(interval)
 
 
-# every switch of FastAPI's TelemetryConfig that makes a request do telemetry work
-NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}
+def no_telemetry() -> dict[str, Any]:
+    """FastAPI's own OpenTelemetry hooks off, as FastAPI's keyword arguments: every switch of its
+    TelemetryConfig that makes a request do telemetry work. Older FastAPI releases, which the
+    dependency range admits, have no such hooks and no such argument: nothing to switch off."""
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        return {}
+    return {"telemetry": {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}}
 
 
 def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
@@ -104,10 +110,9 @@ def create_app(settings: Settings, *, sweep: bool = True) -> FastAPI:
         dependencies=[Depends(bind_route_context)],
         docs_url=None,  # /docs and /redoc from the package's own assets (mount_api_docs), not a CDN
         redoc_url=None,
-        # FastAPI's own OpenTelemetry hooks off: the coordinator reports through Prometheus and its
-        # access log, and the hooks asked the global tracer, meter and logger providers (reading the
-        # environment) on every request
-        telemetry=NO_TELEMETRY,
+        # the coordinator reports through Prometheus and its access log; FastAPI's hooks asked the
+        # global tracer, meter and logger providers (reading the environment) on every request
+        **no_telemetry(),
     )
     app.state.settings = settings
     app.state.service = service
