@@ -130,7 +130,17 @@ def test_wheel_installs_and_runs_alone(wheel: Path, tmp_path: Path) -> None:
     """A new venv in an empty folder: install the wheel with its `sim` extra, then use it."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    # --no-compile: the byte code of what is imported is written on first import; compiling all of
+    # torch and transformers ahead took longer than the rest of this test
+    pip = [
+        str(venv / "bin" / "python"),
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-compile",
+    ]
     done = subprocess.run(
         [*pip, "-c", str(ROOT / "constraints.txt"), f"{wheel}[sim]"],
         capture_output=True,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import uuid
 from collections.abc import Callable
 
 import psycopg
@@ -51,13 +52,27 @@ class ChangeListener:
         self._conninfo, self._on_change, self._on_revoked = conninfo(url), on_change, on_revoked
         self.poll_s, self.retry_s = poll_s, retry_s
         self._stop = threading.Event()
+        self._listening = threading.Event()
+        # this listener's own channel: stop() notifies it so that a wait on the connection ends at
+        # once instead of at the end of its poll interval (a shutdown no longer waits poll_s)
+        self._wake = f"fedprompt_wake_{uuid.uuid4().hex}"
         self._thread = threading.Thread(target=self._run, name="fedprompt-listen", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        if self._listening.is_set():
+            try:
+                with psycopg.connect(self._conninfo, autocommit=True, connect_timeout=2) as conn:
+                    conn.execute("SELECT pg_notify(%s, '')", [self._wake])
+            except psycopg.Error:
+                pass  # the thread still ends within its poll interval
         self._thread.join(timeout)
 
     def _run(self) -> None:
@@ -68,6 +83,8 @@ class ChangeListener:
                 with psycopg.connect(self._conninfo, autocommit=True, application_name=name) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     conn.execute(f"LISTEN {REVOKED}")
+                    conn.execute(f"LISTEN {self._wake}")
+                    self._listening.set()
                     if not first:  # announcements may have been missed while it was down
                         self._on_change(EVERY)
                         if self._on_revoked is not None:
@@ -75,6 +92,8 @@ class ChangeListener:
                     first = False
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=self.poll_s):
+                            if note.channel == self._wake:
+                                break
                             if note.channel == REVOKED:
                                 if self._on_revoked is not None:
                                     self._on_revoked(note.payload)
