@@ -36,6 +36,7 @@ DELIVERY_P99_S = 5.0  # a train task's arrival after its round opened
 ROUNDS_PER_MIN = 6.0
 WORKER_FLOOR = 0.95
 PEERS_GOAL = 1.0  # fedprompt ÷ Flower on the same federation: wall time and peak memory
+SCALE_FLOOR = 1.10  # K = 100 ÷ K = 20 at the same C·K: the federation's wall time
 MARKER = "floors"
 
 
@@ -304,6 +305,37 @@ def peers_floors(doc: dict[str, Any]) -> list[Floor]:
     return out
 
 
+def scale_floors(doc: dict[str, Any]) -> list[Floor]:
+    """Each larger K ÷ the first K at the same clients per round (bench/scale.py), per repeat."""
+    repeats = doc.get("repeats") or []
+    base = doc["sizes"][0]
+    loads = [
+        x for r in repeats for run in r["runs"] for x in (run["loadavg_start"][0], run["loadavg_end"][0])
+    ]
+    out = []
+    for index, size in enumerate(doc["sizes"][1:], start=1):
+        key = str(size["clients"])
+        values = [r["ratios"][key] for r in repeats if r["ratios"].get(key) is not None]
+        figures = [r["runs"][index]["federation_s"] for r in repeats]
+        bases = [r["runs"][0]["federation_s"] for r in repeats]
+        per_round = round(size["clients"] * size["fraction"])
+        out.append(
+            Floor(
+                floor=f"K = {size['clients']} ÷ K = {base['clients']} at {per_round} clients per round: "
+                f"federation wall time ≤ {SCALE_FLOOR:.2f}×",
+                figure=f"{_median(figures):.0f} s",
+                baseline=f"{_median(bases):.0f} s (K = {base['clients']})",
+                ratio=_median(values),
+                spread=_spread(values, True),
+                runs=f"{len(values)} repeats",
+                load=_load(loads),
+                status=verdict(values, lambda v: v <= SCALE_FLOOR, repeated=True),
+                source="scale.json",
+            )
+        )
+    return out
+
+
 SOURCES: list[tuple[str, Callable[[dict[str, Any]], Floor | list[Floor] | None]]] = [
     ("comm.json", comm_floor),
     ("aggregation.json", fedavg_floor),
@@ -311,6 +343,7 @@ SOURCES: list[tuple[str, Callable[[dict[str, Any]], Floor | list[Floor] | None]]
     ("worker.json", worker_floor),
     ("e2e.json", e2e_floor),
     ("peers.json", peers_floors),
+    ("scale.json", scale_floors),
 ]
 
 

@@ -36,6 +36,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"needs_datasets: {NEEDS_DATASETS} (skipped when it is unset)")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files marked slow (real processes, minutes) first, in their own order, then the rest.
+
+    Under xdist's --dist loadfile a worker takes the next file in this order as it frees up, so the
+    long files start early and the many short ones fill the end; in alphabetical order the wheel
+    test and the largest federations often started last and the run waited on them alone.
+    """
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("needs_datasets") is not None and FULL_DATASETS is None:
         pytest.skip(NEEDS_DATASETS)

@@ -258,3 +258,16 @@ def enrol_clients(
         assert r.status_code == 201, r.text
         headers.append({"Authorization": f"Bearer {r.json()['token']}"})
     return fid, headers
+
+
+def simulate_in_process(*args: str) -> Any:
+    """`fedprompt simulate ARGS` run in this process (typer's CliRunner): for options refused before
+    any process starts, without paying a new interpreter's imports per case."""
+    import typer
+    from fedprompt.sim.simulate import simulate_command
+    from typer.testing import CliRunner
+
+    app = typer.Typer()
+    app.command("simulate")(simulate_command)
+    app.command("other")(lambda: None)  # two commands: typer keeps the command's name
+    return CliRunner().invoke(app, ["simulate", *args], catch_exceptions=False)

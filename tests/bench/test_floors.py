@@ -108,3 +108,20 @@ def test_comm_aggregation_worker_and_e2e_floors(tmp_path: Path) -> None:
     page = "a\n<!-- bench:floors -->\nold\n<!-- /bench:floors -->\nb\n"
     out = floors.render(page, tmp_path)
     assert "old" not in out and "| **1.0200×** |" in out and out.startswith("a\n") and out.endswith("b\n")
+
+
+def test_scale_floor_takes_each_repeats_ratio_of_the_larger_k_to_the_first(tmp_path: Path) -> None:
+    def run(k: int, seconds: float) -> dict:
+        return {"clients": k, "federation_s": seconds, "loadavg_start": [1.0], "loadavg_end": [2.0]}
+
+    repeats = [
+        {"runs": [run(20, 100.0), run(100, 105.0)], "ratios": {"100": 1.05}},
+        {"runs": [run(20, 100.0), run(100, 112.0)], "ratios": {"100": 1.12}},
+        {"runs": [run(20, 110.0), run(100, 110.0)], "ratios": {"100": 1.0}},
+    ]
+    doc = {"sizes": [{"clients": 20, "fraction": 0.5}, {"clients": 100, "fraction": 0.1}], "repeats": repeats}
+    (tmp_path / "scale.json").write_text(json.dumps(doc))
+    (got,) = floors.collect(tmp_path)
+    assert got.floor.startswith("K = 100 ÷ K = 20 at 10 clients per round")
+    assert got.ratio == 1.05 and got.spread == (1.0, 1.12) and got.figure == "110 s"
+    assert got.status == "median met, 2 of 3 repeats" and got.load == "1.0–2.0"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import e2e, ingest, loadgen
+from bench import e2e, ingest, loadgen, scale
 from bench.common import spread
 from bench.null_server import Rounds
 
@@ -139,3 +139,15 @@ def test_e2e_baseline_trains_the_federations_steps_in_train_local() -> None:
         {"simulate_wall_s": 300.0, "rounds_wall_s": 200.0}, {"wall_s": 100.0, "train_s": 80.0}
     )
     assert ratios == {"wall": 3.0, "rounds_vs_training": 2.5}
+
+
+def test_scale_runs_the_same_federation_at_each_k_and_c() -> None:
+
+    assert scale.parse_sizes("20:0.5,100:0.1") == [(20, 0.5), (100, 0.1)]
+    args = Namespace(rounds=6, local_steps=10, partition="label:1.0", seed=0, evaluators=None)
+    small = scale.simulate_command(args, 20, 0.5, Path("a"))
+    large = scale.simulate_command(args, 100, 0.1, Path("b"))
+    differ = {i for i, (x, y) in enumerate(zip(small, large, strict=True)) if x != y}
+    assert [small[i] for i in sorted(differ)] == ["20", "0.5", "a"] and "--evaluators" not in small
+    args.evaluators = 20
+    assert scale.simulate_command(args, 100, 0.1, Path("b"))[-2:] == ["--evaluators", "20"]

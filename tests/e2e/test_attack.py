@@ -16,6 +16,8 @@ import pytest
 from fedprompt.coordinator.persistence.db import make_engine, make_sessionmaker
 from fedprompt.coordinator.service import Coordinator
 
+from tests.helpers import simulate_in_process
+
 pytestmark = pytest.mark.slow
 FEDPROMPT = str(Path(sys.executable).parent / "fedprompt")
 
@@ -112,12 +114,7 @@ def test_bad_attack_options_are_refused_before_any_process_starts(tmp_path: Path
         (["--ldp-delta", "1e-5"], "need --ldp-epsilon and --ldp-clip"),
         (["--aggregation", "trimmed_mean:gamma=1"], "has no parameter(s) ['gamma']"),
     ]:
-        done = subprocess.run(
-            [FEDPROMPT, "simulate", "--out", str(tmp_path / "x"), *bad],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 2, done.stdout
-        assert message in " ".join(done.stdout.split()), done.stdout
+        done = simulate_in_process("--out", str(tmp_path / "x"), *bad)
+        assert done.exit_code == 2, done.output
+        assert message in " ".join(done.output.split()), done.output
         assert not (tmp_path / "x" / "fedprompt.db").exists()

@@ -16,7 +16,7 @@ from fedprompt.coordinator.persistence.db import make_engine, make_sessionmaker
 from fedprompt.coordinator.service import Coordinator
 from fedprompt.shared.local import free_port
 
-from tests.helpers import processes_mentioning, wait_for
+from tests.helpers import processes_mentioning, simulate_in_process, wait_for
 
 pytestmark = pytest.mark.slow
 FEDPROMPT = str(Path(sys.executable).parent / "fedprompt")
@@ -258,9 +258,7 @@ def test_pool_processes_serve_more_clients_and_a_killed_one_is_restarted(tmp_pat
 )
 def test_bad_options_fail_before_any_process_starts(tmp_path: Path, option: list[str], message: str) -> None:
     out = tmp_path / "bad"
-    done = subprocess.run(
-        [FEDPROMPT, "simulate", *option, "--out", str(out)], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 2
-    assert message in " ".join(done.stdout.split())
+    done = simulate_in_process(*option, "--out", str(out))
+    assert done.exit_code == 2, done.output
+    assert message in " ".join(done.output.split())
     assert not out.exists()

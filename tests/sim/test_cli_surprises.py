@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
 from fedprompt.shared.contract import FederationStatus
 from fedprompt.sim.options import SimulateOptions
 from fedprompt.sim.outdir import OutState, check_out, differences, recorded_options, wipe
 from fedprompt.sim.simulate import simulate_command
 from typer.testing import CliRunner
+
+from tests.helpers import simulate_in_process
 
 runner = CliRunner()
 
@@ -24,13 +25,6 @@ def _options(**over: Any) -> SimulateOptions:
     return SimulateOptions(**({name: p.default for name, p in params.items()} | over))
 
 
-def _app() -> typer.Typer:
-    app = typer.Typer()
-    app.command("simulate")(simulate_command)
-    app.command("other")(lambda: None)  # two commands: typer keeps the command's name
-    return app
-
-
 def _run_folder(out: Path, opts: SimulateOptions, lr: float = 0.01) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     setup = {"federation_id": 1, "clients": opts.clients, "options": recorded_options(opts), "lr": lr}
@@ -39,7 +33,7 @@ def _run_folder(out: Path, opts: SimulateOptions, lr: float = 0.01) -> Path:
 
 
 def _simulate(*args: str) -> Any:
-    return runner.invoke(_app(), ["simulate", "--dataset", "sst2", *args], catch_exceptions=False)
+    return simulate_in_process("--dataset", "sst2", *args)
 
 
 def test_an_out_that_holds_a_run_with_other_options_is_refused_saying_what_differs(tmp_path: Path) -> None:
