@@ -135,7 +135,7 @@ def test_simulate_writes_results_that_agree_with_the_coordinator(tmp_path: Path)
 
 def test_sigint_mid_round_leaves_no_process_and_rerun_continues(tmp_path: Path) -> None:
     out = tmp_path / "resume"
-    cmd = _cmd(out, rounds=3, local_steps=20)
+    cmd = _cmd(out, rounds=3, local_steps=10)  # a round of seconds: the interrupt lands inside round 2
     # Ctrl-C's default action even when the test runner was started with SIGINT ignored (a
     # background job): Python only installs its KeyboardInterrupt handler over SIG_DFL.
     proc = subprocess.Popen(
