@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import random
 import socket
 import ssl
 import time
@@ -11,12 +12,37 @@ from pathlib import Path
 
 import httpx
 
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST_PORT = 10000  # above the well-known and most registered service ports
+
+
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands to outgoing connections (Linux's default: 32768)."""
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
 
 def free_port() -> int:
-    """An unused loopback port."""
+    """An unused loopback port for a server this process is about to start.
+
+    Chosen below the kernel's ephemeral range: a port the kernel picked there (bind to 0) can be
+    taken by any outgoing connection on this machine before the server binds it, and on a busy
+    machine one is (the server then exits with 'address already in use')."""
+    floor = _ephemeral_floor()
+    rng = random.SystemRandom()
+    for _ in range(64):
+        port = rng.randrange(_LOWEST_PORT, floor) if floor > _LOWEST_PORT + 1000 else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])  # an AF_INET address: (host, port)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])  # an AF_INET address: (host, port)
+        return int(s.getsockname()[1])
 
 
 def wait_ready(
