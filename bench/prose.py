@@ -46,6 +46,7 @@ THRESHOLDS = {
     floors.ROUNDS_PER_MIN,
     floors.WORKER_FLOOR,
     floors.PEERS_GOAL,
+    floors.SCALE_FLOOR,
     float(floors.FEDAVG_K),
     float(floors.INGEST_K),
     float(floors.MIN_REPEATS),

@@ -410,6 +410,34 @@ def async_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def scale_table(doc: dict[str, Any]) -> str:
+    """Each repeat's federation wall time per K and the larger K's ratio to the first."""
+    sizes, st = doc["sizes"], doc["settings"]
+    head = " | ".join(f"K = {z['clients']}, C = {z['fraction']}" for z in sizes)
+    ratios = " | ".join(f"K = {z['clients']} ÷ K = {sizes[0]['clients']}" for z in sizes[1:])
+    lines = [f"| repeat | order | {head} | {ratios} |", "|---|---|" + "---|" * (2 * len(sizes) - 1)]
+    for r in doc["repeats"]:
+        cells = " | ".join(
+            f"{run['federation_s']:.1f} s ({100 * run['final_accuracy']:.1f} %, {run['peak_rss_mib']:,.0f} MiB)"
+            for run in r["runs"]
+        )
+        ratio_cells = " | ".join(f"**{_f(r['ratios'][str(z['clients'])], '{:.3f}')}×**" for z in sizes[1:])
+        lines.append(
+            f"| {r['repeat'] + 1} | {', '.join(f'K = {k}' for k in r['order'])} | {cells} | {ratio_cells} |"
+        )
+    evaluators = "every client evaluating" if st["evaluators"] is None else f"{st['evaluators']} evaluators"
+    lines += [
+        "",
+        f"sst2, partition {st['partition']}, {st['rounds']} rounds × {st['local_steps']} local steps, label words "
+        f"`{st['verbalizer']}`, seed {st['seed']}, 2 training pool processes, {evaluators}. Each cell: the "
+        "federation's wall time (`results.json` `wall_seconds`), its final accuracy and the peak resident memory "
+        "of all its processes.",
+        "",
+        _machine(doc),
+    ]
+    return "\n".join(lines)
+
+
 TABLES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "comm": ("comm.json", comm_table),
     "aggregation": ("aggregation.json", aggregation_table),
@@ -420,6 +448,7 @@ TABLES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "e2e": ("e2e.json", e2e_table),
     "peers": ("peers.json", peers_table),
     "async": ("async.json", async_table),
+    "scale": ("scale.json", scale_table),
 }
 
 

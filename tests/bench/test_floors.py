@@ -125,3 +125,26 @@ def test_scale_floor_takes_each_repeats_ratio_of_the_larger_k_to_the_first(tmp_p
     assert got.floor.startswith("K = 100 ÷ K = 20 at 10 clients per round")
     assert got.ratio == 1.05 and got.spread == (1.0, 1.12) and got.figure == "110 s"
     assert got.status == "median met, 2 of 3 repeats" and got.load == "1.0–2.0"
+
+
+def test_scale_table_shows_each_repeats_runs_and_ratio() -> None:
+    from bench import report
+
+    def run(k: int, seconds: float) -> dict:
+        return {"clients": k, "federation_s": seconds, "final_accuracy": 0.75, "peak_rss_mib": 2048.0}
+
+    doc = {
+        "sizes": [{"clients": 20, "fraction": 0.5}, {"clients": 100, "fraction": 0.1}],
+        "settings": {"partition": "label:1.0", "rounds": 6, "local_steps": 10, "verbalizer": "a;b", "seed": 0,
+                     "evaluators": None},
+        "repeats": [{"repeat": 0, "order": [100, 20], "runs": [run(20, 100.0), run(100, 104.0)],
+                     "ratios": {"100": 1.04}}],
+        "command": "python -m bench.scale", "finished_at": "t",
+        "machine": {"loadavg": [1.0, 1.0, 1.0], "cpus": 2, "cpu_model": "x", "memory_gib": 1, "commit": "c"},
+    }  # fmt: skip
+    text = report.scale_table(doc)
+    assert (
+        "| 1 | K = 100, K = 20 | 100.0 s (75.0 %, 2,048 MiB) | 104.0 s (75.0 %, 2,048 MiB) | **1.040×** |"
+        in text
+    )
+    assert "every client evaluating" in text
