@@ -91,7 +91,7 @@ def run_one(args: argparse.Namespace, k: int, c: float, out: Path) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the sizes in interleaved repeats and write bench/results/scale.json."""
+    """Run the sizes in interleaved repeats and write bench/results/NAME.json (scale.json)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="20:0.5,100:0.1", help="K:C pairs; the first is the baseline")
     ap.add_argument("--rounds", type=int, default=6)
@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out-dir", default=None)
+    ap.add_argument("--name", default="scale", help="the result file's name: NAME.json")
     args = ap.parse_args(argv)
     sizes = parse_sizes(args.sizes)
     repeats: list[dict[str, Any]] = []
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         "repeats": repeats,
         "summary": summary,
     }
-    path = write_result("scale", payload, out_dir=Path(args.out_dir) if args.out_dir else None)
+    path = write_result(args.name, payload, out_dir=Path(args.out_dir) if args.out_dir else None)
     print(f"wrote {path}")
 
 
