@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import platform
 import random
 import socket
@@ -30,19 +31,20 @@ def free_port() -> int:
     Chosen below the kernel's ephemeral range: a port the kernel picked there (bind to 0) can be
     taken by any outgoing connection on this machine before the server binds it, and on a busy
     machine one is (the server then exits with 'address already in use')."""
-    floor = _ephemeral_floor()
+    low, high = _LOWEST_PORT, _ephemeral_floor()
     rng = random.SystemRandom()
-    for _ in range(64):
-        port = rng.randrange(_LOWEST_PORT, floor) if floor > _LOWEST_PORT + 1000 else 0
+    below = (rng.randrange(low, high) for _ in range(64 if high - low > 1000 else 0))
+    # port 0 (the kernel's pick) only when no port below its range was free
+    for port in itertools.chain(below, [0]):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
+                if port == 0:
+                    raise
                 continue
             return int(s.getsockname()[1])  # an AF_INET address: (host, port)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    raise AssertionError("unreachable: binding port 0 returns or raises")
 
 
 def wait_ready(

@@ -129,8 +129,8 @@ TORCH_PARTS = ("torch", "functorch", "torchgen")
 
 
 def lend_torch(venv: Path) -> None:
-    """torch (three quarters of what the install would copy: ~750 MB) lent from this interpreter's
-    environment, alone: symlinks to its folders in a folder a .pth file puts on the new venv's path.
+    """torch (the largest dependency: ~750 MB installed) lent from this interpreter's environment,
+    alone: symlinks to its folders in a folder a .pth file puts on the new venv's path.
     pip counts it as installed (the constraints pin the same version) and installs the rest itself;
     a .pth line adds a path and nothing else, so none of this environment's other packages (nor its
     editable fedprompt) becomes visible."""
