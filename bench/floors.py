@@ -305,9 +305,12 @@ def peers_floors(doc: dict[str, Any]) -> list[Floor]:
     return out
 
 
-def scale_floors(doc: dict[str, Any]) -> list[Floor]:
-    """Each larger K ÷ the first K at the same clients per round (bench/scale.py), per repeat."""
+def scale_floors(doc: dict[str, Any], source: str = "scale.json") -> list[Floor]:
+    """Each larger K ÷ the first K at the same clients per round (bench/scale.py), per repeat; the
+    floor names the evaluation policy when the runs set one (`--evaluators`)."""
     repeats = doc.get("repeats") or []
+    evaluators = (doc.get("settings") or {}).get("evaluators")
+    policy = "" if evaluators is None else f", {evaluators} evaluators"
     base = doc["sizes"][0]
     loads = [
         x for r in repeats for run in r["runs"] for x in (run["loadavg_start"][0], run["loadavg_end"][0])
@@ -321,7 +324,7 @@ def scale_floors(doc: dict[str, Any]) -> list[Floor]:
         per_round = round(size["clients"] * size["fraction"])
         out.append(
             Floor(
-                floor=f"K = {size['clients']} ÷ K = {base['clients']} at {per_round} clients per round: "
+                floor=f"K = {size['clients']} ÷ K = {base['clients']} at {per_round} clients per round{policy}: "
                 f"federation wall time ≤ {SCALE_FLOOR:.2f}×",
                 figure=f"{_median(figures):.0f} s",
                 baseline=f"{_median(bases):.0f} s (K = {base['clients']})",
@@ -330,7 +333,7 @@ def scale_floors(doc: dict[str, Any]) -> list[Floor]:
                 runs=f"{len(values)} repeats",
                 load=_load(loads),
                 status=verdict(values, lambda v: v <= SCALE_FLOOR, repeated=True),
-                source="scale.json",
+                source=source,
             )
         )
     return out
@@ -344,6 +347,7 @@ SOURCES: list[tuple[str, Callable[[dict[str, Any]], Floor | list[Floor] | None]]
     ("e2e.json", e2e_floor),
     ("peers.json", peers_floors),
     ("scale.json", scale_floors),
+    ("scale-evaluators.json", lambda doc: scale_floors(doc, "scale-evaluators.json")),
 ]
 
 

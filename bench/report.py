@@ -449,6 +449,7 @@ TABLES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "peers": ("peers.json", peers_table),
     "async": ("async.json", async_table),
     "scale": ("scale.json", scale_table),
+    "scale_evaluators": ("scale-evaluators.json", scale_table),
 }
 
 

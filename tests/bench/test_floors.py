@@ -127,6 +127,32 @@ def test_scale_floor_takes_each_repeats_ratio_of_the_larger_k_to_the_first(tmp_p
     assert got.status == "median met, 2 of 3 repeats" and got.load == "1.0–2.0"
 
 
+def test_a_scale_file_with_an_evaluation_policy_is_a_floor_of_its_own(tmp_path: Path) -> None:
+    def run(k: int, seconds: float) -> dict:
+        return {"clients": k, "federation_s": seconds, "loadavg_start": [1.0], "loadavg_end": [1.0]}
+
+    sizes = [{"clients": 20, "fraction": 0.5}, {"clients": 100, "fraction": 0.1}]
+    every = {
+        "sizes": sizes,
+        "settings": {"evaluators": None},
+        "repeats": [{"runs": [run(20, 100.0), run(100, 120.0)], "ratios": {"100": 1.2}}] * 3,
+    }
+    policy = {"sizes": sizes, "settings": {"evaluators": 10},
+              "repeats": [{"runs": [run(20, 100.0), run(100, 104.0)], "ratios": {"100": 1.04}}] * 3}  # fmt: skip
+    (tmp_path / "scale.json").write_text(json.dumps(every))
+    (tmp_path / "scale-evaluators.json").write_text(json.dumps(policy))
+    got = {f.source: f for f in floors.collect(tmp_path)}
+    assert got["scale.json"].status == "not met (0 of 3 repeats)"
+    assert "evaluators" not in got["scale.json"].floor
+    assert got["scale-evaluators.json"].floor.startswith(
+        "K = 100 ÷ K = 20 at 10 clients per round, 10 evaluators"
+    )
+    assert (
+        got["scale-evaluators.json"].ratio == 1.04
+        and got["scale-evaluators.json"].status == "met (3 of 3 repeats)"
+    )
+
+
 def test_scale_table_shows_each_repeats_runs_and_ratio() -> None:
     from bench import report
 
