@@ -49,8 +49,13 @@ class Coordinator:
             max_prompt_bytes=max_prompt_bytes,
         )
         self.enrolment = Enrolment(self.store, self.cycle, auth_cache_s=auth_cache_s)
-        self.uploads = Uploads(self.store, on_buffer_full=self.cycle.buffer_full)
         self.tasks = Tasks(self.store)
+        self.uploads = Uploads(
+            self.store,
+            on_buffer_full=self.cycle.buffer_full,
+            on_report=self.tasks.learn_report,
+            on_upload=self.tasks.learn_upload,
+        )
 
     @property
     def sessions(self) -> sessionmaker:

@@ -268,6 +268,10 @@ class Store:
                     del self._versions[next(iter(self._versions))]
         return pv
 
+    def cached_version(self, fid: int, number: int) -> PromptVersion | None:
+        """A prompt version held in memory (see `version`), without I/O; None when it is not held."""
+        return self._versions.get((fid, number))
+
     def version_sha(self, s: Session, fed: Any, number: int) -> str:
         """The sha256 of an existing prompt version (without loading its blob unless it gets cached)."""
         pv = self._versions.get((fed.id, number))

@@ -132,6 +132,8 @@ class Board:
     stamp: Stamp
     generation: int
     round_id: int | None
+    round_number: int | None
+    attempt: int | None
     base_version: int | None
     train: dict[str, Any] | None
     participants: dict[int, int]  # client id -> its participant row of the open round
@@ -168,6 +170,32 @@ class Tasks:
             record = self._participant_on_board(fid, pv.version, client)
             if record is None:
                 record = self._download_to_record(s, fid, pv.version, client, len(pv.blob))
+        self._record_download(record, len(pv.blob))
+        return pv
+
+    def cached_prompt(
+        self, fid: int, version: str | int, *, client: Client | None = None
+    ) -> PromptVersion | None:
+        """`get_prompt` without I/O, or None when it needs the database: a numbered version held in
+        memory (it can no longer change), fetched by the admin or by a client whom the federation's
+        current board shows to be, or not to be, a participant fetching the open round's base version."""
+        number = (
+            version
+            if isinstance(version, int)
+            else int(version)
+            if version.isascii() and version.isdigit()
+            else None
+        )
+        pv = None if number is None else self.store.cached_version(fid, number)
+        if pv is None or number is None:
+            return None
+        record = None
+        if client is not None:
+            board = self._boards.get(fid)  # dropped at every announced change: current when held
+            if board is None:
+                return None
+            if board.base_version == number:
+                record = board.participants.get(client.id)
         self._record_download(record, len(pv.blob))
         return pv
 
@@ -279,6 +307,20 @@ class Tasks:
                 board.uploaded.add(client.id)
         return board.done
 
+    def learn_report(self, fid: int, version: int, client_id: int) -> None:
+        """This process committed the client's report of `version`: the federation's board no longer
+        offers it that evaluate task, without the query that would have found the report."""
+        board = self._boards.get(fid)
+        if board is not None and board.latest == version:
+            board.evaluated.add(client_id)
+
+    def learn_upload(self, fid: int, number: int, attempt: int, client_id: int) -> None:
+        """This process committed the client's update for round `number` (attempt): the board no longer
+        offers it that train task, without the query that would have found the update."""
+        board = self._boards.get(fid)
+        if board is not None and (board.round_number, board.attempt) == (number, attempt):
+            board.uploaded.add(client_id)
+
     def _board(self, fid: int, stamp: Stamp, generation: int) -> Board:
         """The federation's board under this stamp, read now if the one held is older."""
         with self._boards_lock:
@@ -314,6 +356,8 @@ class Tasks:
             stamp=stamp,
             generation=generation,
             round_id=None if rnd is None else rnd.id,
+            round_number=None if rnd is None else rnd.number,
+            attempt=None if rnd is None else rnd.attempt,
             base_version=None if rnd is None else rnd.base_version,
             train=train,
             participants=participants,

@@ -58,10 +58,16 @@ class Uploads:
         store: Store,
         secure: SecureRounds | None = None,
         on_buffer_full: Callable[[Session, Federation, int], None] | None = None,
+        on_report: Callable[[int, int, int], None] | None = None,
+        on_upload: Callable[[int, int, int, int], None] | None = None,
     ) -> None:
         self.store = store
         # mode async: writes the version of a full buffer (round id) in the upload's transaction
         self.on_buffer_full = on_buffer_full
+        # told after a client's report (fid, version, client) or round update (fid, round, attempt,
+        # client) is committed: the task board learns it without a query (Tasks.learn_*)
+        self.on_report = on_report
+        self.on_upload = on_upload
         self.secure = secure or SecureRounds(store)
         self._batchers: dict[int, GroupCommit[PendingUpload, UploadResult]] = {}  # fid -> its group commit
         self._report_batchers: dict[int, GroupCommit[PendingReport, bool]] = {}  # fid -> evaluation reports
@@ -93,9 +99,12 @@ class Uploads:
                 ),
             )
         try:
-            return batcher.submit(pending)
+            result = batcher.submit(pending)
         except IntegrityError:  # the same client's concurrent upload for this round committed first
-            return self._concurrent_upload(fid, number, client, digest)
+            result = self._concurrent_upload(fid, number, client, digest)
+        if self.on_upload is not None and result.buffer_round_id is None:
+            self.on_upload(fid, result.round, result.attempt, client.id)
+        return result
 
     def _store_update_batch(
         self, fid: int, items: Sequence[PendingUpload]
@@ -288,7 +297,9 @@ class Uploads:
         except (
             IntegrityError
         ):  # the same client's concurrent report (through another process) committed first
-            return False
+            stored = False
+        if self.on_report is not None:  # stored now or before: the report is there either way
+            self.on_report(fid, version, client.id)
         if stored and one_class(evalstats.read_confusion(payload.get("metrics"))):
             self._flag_collapse(fid, version)
         return stored

@@ -19,7 +19,11 @@ from fedprompt.coordinator.usecases.tasks import IdleClients
 from fedprompt.shared.spec import FederationSpec
 from sqlalchemy import event, select
 
-from tests.helpers import SMALL_SPEC
+from tests.helpers import SMALL_SPEC, update_blob
+
+
+def _update(service: Coordinator, fid: int) -> bytes:
+    return update_blob(service.store.cached_spec(fid), 1, base_version=0)
 
 
 def _report(version: int, client_id: int) -> PendingReport:
@@ -227,11 +231,11 @@ def test_the_board_answers_as_next_task_does_with_one_query_per_task_found(servi
         assert got == expected
     assert both(a)[0]["kind"] == "evaluate" and both(c)[0]["kind"] == "train"
     service.uploads.report_evaluation(fid, 0, a, {"num_samples": 5, "accuracy": 0.5})
-    with _statements(service) as seen:  # a reported since the board was read: one query says so
+    with _statements(service) as seen:  # the board learnt a's report at its commit: no query for it
         got = tasks.next_task_at(fid, a, store.federation_stamp(fid, 60))
     assert got == tasks.next_task(fid, a) and got["kind"] == "train"
     selects = [q for q in seen if q.lstrip().upper().startswith("SELECT")]
-    assert len(selects) == 2  # its report (done) and its upload (pending) checked, nothing else
+    assert len(selects) == 1  # its upload (pending) checked, nothing else
     with _statements(service) as seen:  # a participant's download counts without a lookup
         tasks.get_prompt(fid, got["version"], client=a)
     assert not any("participant" in q.lower() for q in seen)
@@ -257,3 +261,41 @@ def test_a_request_asks_no_telemetry_provider(api: Any, monkeypatch: pytest.Monk
     monkeypatch.setattr(otel_logs, "get_logger_provider", lambda: asked.append("logs") or real_logs())
     assert api.get("/healthz").status_code == 200
     assert asked == []
+
+
+def test_the_board_learns_an_upload_committed_here_and_asks_nothing_after_it(service: Coordinator) -> None:
+    fid, (a, b) = _federation(service, 2, eval_every=100)
+    tasks, store = service.tasks, service.store
+    for c in (a, b):  # version 0's evaluation first
+        service.uploads.report_evaluation(fid, 0, c, {"num_samples": 5, "accuracy": 0.5})
+    assert tasks.next_task_at(fid, a, store.federation_stamp(fid, 60))["kind"] == "train"
+    service.uploads.upload(fid, 1, a, _update(service, fid))
+    with _statements(service) as seen:  # the board learnt the update at its commit
+        got = tasks.next_task_at(fid, a, store.federation_stamp(fid, 60))
+    assert got == tasks.next_task(fid, a) and got is None
+    assert [q for q in seen if q.lstrip().upper().startswith("SELECT")] == []
+    tasks.learn_upload(fid, 1, 2, b.id)  # another attempt's update is not this round's
+    assert tasks.next_task_at(fid, b, store.federation_stamp(fid, 60))["kind"] == "train"
+
+
+def test_a_held_version_is_served_without_a_query_and_counts_a_participants_download(
+    service: Coordinator,
+) -> None:
+    fid, (a, b) = _federation(service, 2)
+    tasks, store = service.tasks, service.store
+    # the board of round 1 (based on version 0, which reading it brought into memory)
+    assert tasks.next_task_at(fid, a, store.federation_stamp(fid, 60))["kind"] == "evaluate"
+    with _statements(service) as seen:
+        pv = tasks.cached_prompt(fid, "0", client=a)
+        assert pv is not None and pv.version == 0
+        assert tasks.cached_prompt(fid, "latest", client=a) is None  # a name needs the federation's row
+        assert tasks.cached_prompt(fid, "7", client=a) is None  # not held: get_prompt answers (404)
+    assert seen == []
+    store.downloads.flush()
+    with store.sessions() as s:
+        counted = dict(s.execute(select(Participant.client_id, Participant.downloaded_bytes)).all())
+    assert counted == {a.id: len(pv.blob), b.id: 0}  # a participant of the round based on version 0
+    with store.tx() as s:  # a change: the board is dropped, so a client's download needs the database
+        store.lock_federation(s, fid).updated_at = store.clock() + 1
+    assert tasks.cached_prompt(fid, "0", client=b) is None
+    assert tasks.cached_prompt(fid, "0", client=None) is pv  # the admin's download counts nothing

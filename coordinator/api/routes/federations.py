@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from fedprompt.coordinator.api.body import SAFETENSORS_BODY, read_limited_body, upload_ticket
 from fedprompt.coordinator.api.deps import AdminDep, EitherDep, ServiceDep, SettingsDep
@@ -90,11 +91,14 @@ def get_spec(fid: IdPath, service: ServiceDep, who: EitherDep) -> dict[str, Any]
         304: {"description": "the version named by If-None-Match is current (no body)"},
     },
 )
-def get_prompt(
+async def get_prompt(
     fid: IdPath, version: VersionPath, service: ServiceDep, who: EitherDep, request: Request
 ) -> Response:
     """A global prompt version ('latest' or a number) as safetensors; ETag is its sha256."""
-    pv = service.tasks.get_prompt(fid, version, client=who)
+    # a version held in memory is answered here; one that needs the database, in a thread
+    pv = service.tasks.cached_prompt(fid, version, client=who) or await run_in_threadpool(
+        service.tasks.get_prompt, fid, version, client=who
+    )
     etag = f'"{pv.sha256}"'
     headers = {"ETag": etag, "X-Prompt-Version": str(pv.version), "X-Prompt-Sha256": pv.sha256}
     if request.headers.get("if-none-match") == etag:
