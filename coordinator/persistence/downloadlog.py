@@ -47,16 +47,27 @@ class DownloadLog:
         self._held: dict[int, int] = {}
         self._since: float | None = None  # when the oldest held figure arrived
 
-    def record(self, participant_id: int, size: int) -> None:
-        """Hold a participant's figure (the larger of two), and write what is held once it is due."""
+    def record(self, participant_id: int, size: int, *, write: bool = True) -> None:
+        """Hold a participant's figure (the larger of two), and write what is held once it is due
+        (`write=False`: never here, e.g. on the event loop; a later record or flush writes it)."""
         with self._lock:
             if size > self._held.get(participant_id, 0):
                 self._held[participant_id] = size
             if self._since is None:
                 self._since = self._clock()
-            due = len(self._held) >= self.flush_at or self._clock() - self._since >= self.flush_after_s
-        if due:
+            due = self._due()
+        if due and write:
             self.flush()
+
+    def due_with(self, participant_id: int) -> bool:
+        """Whether holding a figure of this participant would make the held ones due for writing."""
+        with self._lock:
+            return participant_id not in self._held and len(self._held) + 1 >= self.flush_at or self._due()
+
+    def _due(self) -> bool:
+        return len(self._held) >= self.flush_at or (
+            self._since is not None and self._clock() - self._since >= self.flush_after_s
+        )
 
     def pending(self) -> int:
         """How many figures are held, not written yet."""

@@ -196,7 +196,10 @@ class Tasks:
                 return None
             if board.base_version == number:
                 record = board.participants.get(client.id)
-        self._record_download(record, len(pv.blob))
+        if record is not None:
+            if self.store.downloads.due_with(record):  # the write it makes due is done in a thread
+                return None
+            self.store.downloads.record(record, len(pv.blob), write=False)
         return pv
 
     def _participant_on_board(self, fid: int, version: int, client: Client | None) -> int | None:

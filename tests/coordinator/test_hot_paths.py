@@ -295,6 +295,11 @@ def test_a_held_version_is_served_without_a_query_and_counts_a_participants_down
     with store.sessions() as s:
         counted = dict(s.execute(select(Participant.client_id, Participant.downloaded_bytes)).all())
     assert counted == {a.id: len(pv.blob), b.id: 0}  # a participant of the round based on version 0
+    store.downloads.flush_at = 1  # a figure would make the log due: that write is not done here
+    with _statements(service) as seen:
+        assert tasks.cached_prompt(fid, "0", client=a) is None and seen == []
+    store.downloads.record(999, 1, write=False)  # held past flush_at, never written by the holder
+    assert store.downloads.pending() == 1
     with store.tx() as s:  # a change: the board is dropped, so a client's download needs the database
         store.lock_federation(s, fid).updated_at = store.clock() + 1
     assert tasks.cached_prompt(fid, "0", client=b) is None
