@@ -145,7 +145,7 @@ def _ingest_point(doc: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def ingest_floors(doc: dict[str, Any]) -> list[Floor]:
+def ingest_floors(doc: dict[str, Any], source: str = "ingest.json") -> list[Floor]:
     """Per backend at K = 1,000, C = 1.0, on absolute figures of the coordinator's own work (every repeat
     with 0 errors): CPU per request ≤ CPU_PER_REQUEST_MS, train-task delivery p99 ≤ DELIVERY_P99_S,
     at least ROUNDS_PER_MIN rounds a minute. The ratio is to the previous build's coordinator in the
@@ -204,7 +204,7 @@ def ingest_floors(doc: dict[str, Any]) -> list[Floor]:
                         meets,
                         repeated=n > 1,
                     ),
-                    source="ingest.json",
+                    source=source,
                 )
             )
     return out
@@ -343,6 +343,7 @@ SOURCES: list[tuple[str, Callable[[dict[str, Any]], Floor | list[Floor] | None]]
     ("comm.json", comm_floor),
     ("aggregation.json", fedavg_floor),
     ("ingest.json", ingest_floors),
+    ("ingest-board-learns.json", lambda doc: ingest_floors(doc, "ingest-board-learns.json")),
     ("worker.json", worker_floor),
     ("e2e.json", e2e_floor),
     ("peers.json", peers_floors),

@@ -96,9 +96,9 @@ async def get_prompt(
 ) -> Response:
     """A global prompt version ('latest' or a number) as safetensors; ETag is its sha256."""
     # a version held in memory is answered here; one that needs the database, in a thread
-    pv = service.tasks.cached_prompt(fid, version, client=who) or await run_in_threadpool(
-        service.tasks.get_prompt, fid, version, client=who
-    )
+    pv = service.tasks.cached_prompt(fid, version, client=who)
+    if pv is None:
+        pv = await run_in_threadpool(service.tasks.get_prompt, fid, version, client=who)
     etag = f'"{pv.sha256}"'
     headers = {"ETag": etag, "X-Prompt-Version": str(pv.version), "X-Prompt-Sha256": pv.sha256}
     if request.headers.get("if-none-match") == etag:
