@@ -179,15 +179,11 @@ class Tasks:
         """`get_prompt` without I/O, or None when it needs the database: a numbered version held in
         memory (it can no longer change), fetched by the admin or by a client whom the federation's
         current board shows to be, or not to be, a participant fetching the open round's base version."""
-        number = (
-            version
-            if isinstance(version, int)
-            else int(version)
-            if version.isascii() and version.isdigit()
-            else None
-        )
-        pv = None if number is None else self.store.cached_version(fid, number)
-        if pv is None or number is None:
+        if isinstance(version, str) and not (version.isascii() and version.isdigit()):
+            return None  # 'latest' and 'best' are resolved from the federation's row
+        number = int(version)
+        pv = self.store.cached_version(fid, number)
+        if pv is None:
             return None
         record = None
         if client is not None:
