@@ -84,14 +84,33 @@ def _answer(sock: socket.socket) -> tuple[int | None, bool]:
     return status, closed
 
 
-def _stalled_upload(port: int, path: str, token: str, results: list[tuple[int | None, bool, float]]) -> None:
+def _stalled_upload(
+    port: int,
+    path: str,
+    token: str,
+    results: list[tuple[int | None, bool, float]],
+    ends: list[float] | None = None,
+) -> None:
     start = time.monotonic()
     with socket.create_connection(("127.0.0.1", port)) as sock:
         head = f"PUT {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Length: {BODY}\r\n\r\n"
         with contextlib.suppress(OSError):  # refused early: the server may stop reading
             sock.sendall(head.encode() + b"\0" * (BODY - 1))  # one byte short, then silence
         status, closed = _answer(sock)
-    results.append((status, closed, time.monotonic() - start))
+    end = time.monotonic()
+    results.append((status, closed, end - start))
+    if status == 408 and ends is not None:
+        ends.append(end)
+
+
+def _held_at_most(cut_off: list[float], slots: int) -> bool:
+    """Whether uploads answered 408 at these times could have been held `slots` at a time: each was
+    held a whole body deadline, so one admitted when a slot freed ends a deadline after the upload
+    `slots` before it."""
+    ends = sorted(cut_off)
+    return all(
+        later - earlier >= BODY_TIMEOUT_S - 0.5 for earlier, later in zip(ends, ends[slots:], strict=False)
+    )
 
 
 def _trickle(port: int, results: list[tuple[int | None, bool, float]]) -> None:
@@ -132,9 +151,10 @@ def test_stalled_uploads_and_slow_connections_are_cut_off_and_memory_returns(tmp
         uploads: list[tuple[int | None, bool, float]] = []
         trickles: list[tuple[int | None, bool, float]] = []
         idle: list[tuple[int | None, bool, float]] = []
+        cut_off: list[float] = []  # when each admitted upload was answered 408
         threads = [
             *(
-                threading.Thread(target=_stalled_upload, args=(server.port, path, token, uploads))
+                threading.Thread(target=_stalled_upload, args=(server.port, path, token, uploads, cut_off))
                 for _ in range(UPLOADS)
             ),
             *(threading.Thread(target=_trickle, args=(server.port, trickles)) for _ in range(TRICKLES)),
@@ -157,8 +177,11 @@ def test_stalled_uploads_and_slow_connections_are_cut_off_and_memory_returns(tmp
         f"uploads {statuses}, slowest cut-off {max(t for _, _, t in uploads + trickles + idle):.1f} s"
     )
     assert len(uploads) == UPLOADS and len(trickles) == TRICKLES and len(idle) == IDLE
-    # two admitted and cut off by the body deadline; the rest refused by the per-client cap
-    assert statuses == [408] * 2 + [429] * (UPLOADS - 2)
+    # two admitted and cut off by the body deadline; the rest refused by the per-client cap. On a
+    # loaded machine a late upload can arrive after a slot was freed and be admitted in turn: then it
+    # was held a whole body deadline after the upload two before it was cut off (at most two at once)
+    assert set(statuses) == {408, 429} and statuses.count(408) >= 2, statuses
+    assert _held_at_most(cut_off, 2), cut_off
     assert all(closed for _, closed, _ in uploads + trickles + idle), (uploads, trickles, idle)
     assert all(s == 408 and t < HEAD_TIMEOUT_S + 2 for s, _, t in idle), idle
     assert all(s in (408, None) and t < HEAD_TIMEOUT_S + 3 for s, _, t in trickles), trickles
@@ -215,8 +238,9 @@ def test_uploads_of_many_clients_together_stay_within_the_process_budget(tmp_pat
         watch = Watch(server.url, server.proc.pid)
         watch.start()
         uploads: list[tuple[int | None, bool, float]] = []
+        cut_off: list[float] = []
         threads = [
-            threading.Thread(target=_stalled_upload, args=(server.port, path, c["token"], uploads))
+            threading.Thread(target=_stalled_upload, args=(server.port, path, c["token"], uploads, cut_off))
             for c in clients
             for _ in range(2)
         ]
@@ -232,7 +256,7 @@ def test_uploads_of_many_clients_together_stay_within_the_process_budget(tmp_pat
         f"\nbudget {budget / MiB:.0f} MiB, peak +{(watch.peak_rss - baseline) / MiB:.0f} MiB; uploads {statuses}"
     )
     assert len(uploads) == 16 and set(statuses) <= {408, 429}, statuses
-    assert statuses.count(408) <= budget // BODY and statuses.count(429) >= 16 - budget // BODY
+    assert statuses.count(429) >= 1 and _held_at_most(cut_off, budget // BODY), (statuses, cut_off)
     assert all(closed for _, closed, _ in uploads)
     assert watch.peak_rss - baseline < budget + 16 * MiB
     assert not watch.failures and watch.worst_healthz < 1.0
