@@ -4,8 +4,9 @@ here (WAIVED). checkov is also shown to fail a careless manifest and Dockerfile.
 
 checkov's own pins clash with the project's, so it never enters .venv: it runs from a virtual
 environment of its own, CHECKOV_VERSION with the versions of checkov-constraints.txt, installed from
-PyPI once into pytest's cache folder (.pytest_cache/d/checkov-*; about a minute) and re-used by later
-runs, or from FEDPROMPT_CHECKOV naming a checkov executable. Where it cannot be installed (no network)
+PyPI once into the user's cache folder ($XDG_CACHE_HOME or ~/.cache, fedprompt-tests/checkov-*; about
+a minute) and re-used by later runs and other clones, as pre-commit keeps its tools, or from
+FEDPROMPT_CHECKOV naming a checkov executable. Where it cannot be installed (no network)
 the tests are skipped with pip's message. checkov has no framework for compose files; test_manifests.py
 checks those.
 """
@@ -56,12 +57,18 @@ WAIVED = {
 
 
 @pytest.fixture(scope="session")
-def checkov(request: pytest.FixtureRequest) -> Path:
+def checkov() -> Path:
     """The checkov executable: $FEDPROMPT_CHECKOV, or the pinned one in its own cached venv."""
     if os.environ.get("FEDPROMPT_CHECKOV"):
         return Path(os.environ["FEDPROMPT_CHECKOV"])
     pins = hashlib.sha256(CONSTRAINTS.read_bytes()).hexdigest()[:12]
-    home = request.config.cache.mkdir(f"checkov-{CHECKOV_VERSION}-{pins}")
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    home = (
+        cache
+        / "fedprompt-tests"
+        / f"checkov-{CHECKOV_VERSION}-{pins}-py{sys.version_info[0]}{sys.version_info[1]}"
+    )
+    home.mkdir(parents=True, exist_ok=True)
     venv, done = home / "venv", home / "installed"
     with open(home / "lock", "w") as lock:  # concurrent sessions install once
         fcntl.flock(lock, fcntl.LOCK_EX)
