@@ -106,10 +106,11 @@ def _stalled_upload(
 def _held_at_most(cut_off: list[float], slots: int) -> bool:
     """Whether uploads answered 408 at these times could have been held `slots` at a time: each was
     held a whole body deadline, so one admitted when a slot freed ends a deadline after the upload
-    `slots` before it."""
+    `slots` before it. Half a deadline of slack: a loaded machine may wake a client late, while
+    uploads held together are all cut off within moments of each other."""
     ends = sorted(cut_off)
     return all(
-        later - earlier >= BODY_TIMEOUT_S - 0.5 for earlier, later in zip(ends, ends[slots:], strict=False)
+        later - earlier >= BODY_TIMEOUT_S / 2 for earlier, later in zip(ends, ends[slots:], strict=False)
     )
 
 
