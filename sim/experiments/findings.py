@@ -4,7 +4,8 @@ experiment report` writes it there, and a test fails when the README's copy diff
 
 A claim is a column of a table in a config's reading whose cells are `{{verdict: …}}` placeholders
 (the column's header states it); each row's first cell names what the verdict is about (the data
-set). The verdict words are read from the rendered cells, so the README says exactly what RESULTS.md
+set), with the row's other leading cells that hold no placeholder (a table's key, e.g. α) beside it
+in brackets, so that rows of one data set stay apart. The verdict words are read from the rendered cells, so the README says exactly what RESULTS.md
 says. Pure: text in, text out.
 """
 
@@ -59,12 +60,29 @@ def anchor_of(title: str) -> str:
     return kept.replace(" ", "-")
 
 
+def _key_columns(raw_table: list[list[str]]) -> int:
+    """How many leading columns of a reading's table hold no placeholder in any row: its key."""
+    count = 0
+    for col in range(len(raw_table[0])):
+        if any("{{" in row[col] for row in raw_table[1:] if col < len(row)):
+            break
+        count += 1
+    return max(count, 1)
+
+
+def _row_name(header: list[str], row: list[str], keys: int) -> str:
+    """A row's name: its first cell, with its other key cells as 'header value' in brackets."""
+    extra = [f"{header[i]} {row[i]}" for i in range(1, min(keys, len(row)))]
+    return f"{row[0]} ({', '.join(extra)})" if extra else row[0]
+
+
 def findings_of(title: str, raw: str, rendered: str) -> list[Finding]:
     """The claims of one reading: `raw` as the config writes it, `rendered` with its placeholders
     filled (the same tables, row for row)."""
     out = []
     for raw_table, table in zip(_tables(raw), _tables(rendered), strict=False):
         header = table[0]
+        keys = _key_columns(raw_table)
         for col, claim in enumerate(header):
             if col == 0 or not any("{{verdict:" in row[col] for row in raw_table[1:] if col < len(row)):
                 continue
@@ -72,7 +90,7 @@ def findings_of(title: str, raw: str, rendered: str) -> list[Finding]:
             for row in table[1:]:
                 word = verdict_word(row[col]) if col < len(row) else None
                 if word is not None:
-                    rows.setdefault(word, []).append(row[0])
+                    rows.setdefault(word, []).append(_row_name(header, row, keys))
             out.append(Finding(title, anchor_of(title), claim, rows))
     return out
 

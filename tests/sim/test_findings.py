@@ -211,6 +211,20 @@ def test_a_reading_column_of_verdicts_is_one_finding_with_its_rows_by_verdict() 
     )
 
 
+def test_rows_of_one_data_set_are_told_apart_by_the_tables_other_key_cells() -> None:
+    raw = (
+        "| data set | α | A − B > 0 |\n|---|---|---|\n"
+        "| SST-2 | 0.1 | {{verdict: final_accuracy @ d=sst2, a=0.1 - d=sst2 > 0}} |\n"
+        "| SST-2 | 0.5 | {{verdict: final_accuracy @ d=sst2, a=0.5 - d=sst2 > 0}} |\n"
+    )
+    rendered = (
+        "| data set | α | A − B > 0 |\n|---|---|---|\n"
+        "| SST-2 | 0.1 | holds (+3.0 points, …) |\n| SST-2 | 0.5 | inconclusive (+1.0 points, …) |\n"
+    )
+    (found,) = findings_of("Table Y", raw, rendered)
+    assert found.rows == {"holds": ["SST-2 (α 0.1)"], "inconclusive": ["SST-2 (α 0.5)"]}
+
+
 def test_verdict_words_are_read_whole() -> None:
     assert verdict_word("does not hold (−4.0 points, …)") == "does not hold"
     assert verdict_word("not learned (both cells; …)") == "not learned"
