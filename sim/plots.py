@@ -96,14 +96,18 @@ def plot_asr(path: Path, results: dict[str, Any]) -> None:
 
 
 def plot_lines(
-    path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, list[tuple[float, float]]]
+    path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, list[tuple[float, float, float]]]
 ) -> None:
-    """One line per series of (x, y) points."""
+    """One line per series of (x, mean, standard deviation) points, with a band of ± one deviation."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     for label, points in series.items():
         if points:
-            ax.plot(*zip(*sorted(points), strict=True), marker="o", label=label)
+            xs, means, stds = zip(*sorted(points), strict=True)
+            (line,) = ax.plot(xs, means, marker="o", label=f"{label} (mean over seeds)")
+            lo = [m - s for m, s in zip(means, stds, strict=True)]
+            hi = [m + s for m, s in zip(means, stds, strict=True)]
+            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 import shlex
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -230,7 +231,9 @@ def section(
         *_unmatched_paper(config),
         *_outdated_lines(done),
     ]
-    out += [f"![{config.name}]({f})" for f in figures]
+    for f in figures:
+        plot = next((p for p in config.plots if Path(f).name == p.file), None)
+        out += [f"![{config.name}]({f})", ""] + ([caption(config, plot, records), ""] if plot else [])
     if config.reading.strip():
         out += ["", "**Reading.** " + fill(config.reading.strip(), config, records)]
     text = "\n".join(out)
@@ -321,8 +324,9 @@ def _cell_for(config: ExperimentConfig, pattern: dict[str, Any]) -> Cell | None:
 
 def _line_series(
     config: ExperimentConfig, plot: PlotSpec, records: list[dict[str, Any]]
-) -> dict[str, list[tuple[float, float]]]:
-    """A lines plot's series from the finished records: per series, (x, mean y over the seeds)."""
+) -> dict[str, list[tuple[float, float, float]]]:
+    """A lines plot's series from the finished records: per series, (x, mean y over the seeds, their
+    standard deviation; 0 for one seed)."""
     points: dict[str, dict[float, list[float]]] = {}
     for r in records:
         if not r["done"] or plot.x is None:
@@ -334,7 +338,32 @@ def _line_series(
         label = f"{plot.series}={params.get(plot.series)}" if plot.series else plot.y
         scale = 100 if plot.y in PERCENT else 1
         points.setdefault(label, {}).setdefault(float(params[plot.x]), []).append(scale * value)
-    return {label: [(x, sum(ys) / len(ys)) for x, ys in sorted(xs.items())] for label, xs in points.items()}
+    return {
+        label: [
+            (x, statistics.fmean(ys), statistics.stdev(ys) if len(ys) > 1 else 0.0)
+            for x, ys in sorted(xs.items())
+        ]
+        for label, xs in points.items()
+    }
+
+
+def caption(config: ExperimentConfig, plot: PlotSpec, records: list[dict[str, Any]]) -> str:
+    """What a figure shows, in words: which seed's federation (a per-round plot draws one cell), or
+    that each point is the mean over the seeds with a band of one standard deviation."""
+    if plot.kind == "asr":
+        cell = _cell_for(config, plot.cell)
+        where = ", ".join(f"{k} = {v}" for k, v in plot.cell.items()) or "the grid's first cell"
+        seed = cell.seed if cell is not None else config.seeds[0]
+        return (
+            f"*Figure: one federation, seed {seed} of the cell {where}, round by round; "
+            "the table gives the mean over its seeds.*"
+        )
+    done = [r for r in records if r["done"]]
+    seeds = sorted({r.get("seed", 0) for r in done})
+    return (
+        f"*Figure: each point is the mean over the seeds run ({', '.join(map(str, seeds))}); "
+        "the band is ± one standard deviation.*"
+    )
 
 
 def figures(

@@ -17,7 +17,7 @@ from fedprompt.sim.experiments import runner
 from fedprompt.sim.experiments.config import ConfigError, ExperimentConfig, cell_id, expand, load_config
 from fedprompt.sim.experiments.prose import fill, stat
 from fedprompt.sim.experiments.records import cell_metrics, collect, metrics_of
-from fedprompt.sim.experiments.report import committed_cells, pivot, report
+from fedprompt.sim.experiments.report import _line_series, caption, committed_cells, pivot, report
 from fedprompt.sim.experiments.runner import run_experiment, same_options, warm_prompts_dir
 
 CONFIG = """
@@ -405,6 +405,30 @@ def test_report_draws_the_configured_figures(tmp_path: Path) -> None:
     report([path], tmp_path / "gone", tmp_path / "RESULTS.md", tmp_path / "figs", tmp_path)
     text = (tmp_path / "RESULTS.md").read_text()
     assert "![demo](figs/asr.png)" in text and "![demo](figs/lines.png)" in text
+    # each figure says what it shows: the per-round plot one seed's federation, the lines the seeds' mean
+    assert "*Figure: one federation, seed 0 of the cell malicious = 1, aggregation = fedavg" in text
+    assert (
+        "*Figure: each point is the mean over the seeds run (0); the band is ± one standard deviation.*"
+        in text
+    )
+
+
+def test_a_lines_series_is_the_mean_and_deviation_over_the_seeds(tmp_path: Path) -> None:
+    config, _ = _config(tmp_path, SEEDED + "plots:\n  - {kind: lines, file: l.png, x: malicious}\n")
+    records = [
+        _record(f"malicious-{m}_seed-{s}", s, {}, final_accuracy=acc) | {"params": {"malicious": m}}
+        for m, accs in ((0, (0.70, 0.74, 0.78)), (1, (0.60, 0.60, 0.60)))
+        for s, acc in enumerate(accs)
+    ]
+    series = _line_series(config, config.plots[0], records)
+    (label,) = series
+    assert [(x, round(mean, 6), round(sd, 6)) for x, mean, sd in series[label]] == [
+        (0.0, 74.0, 4.0),
+        (1.0, 60.0, 0.0),
+    ]
+    assert caption(config, config.plots[0], records).startswith(
+        "*Figure: each point is the mean over the seeds run (0, 1, 2)"
+    )
 
 
 @pytest.mark.parametrize(
