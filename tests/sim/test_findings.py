@@ -103,6 +103,18 @@ def test_verdict_and_learned_placeholders(tmp_path: Path) -> None:
         == "learned (73.0 %, 95 % CI 70.5 to 75.5, majority 50.0 %)"
     )
 
+    # seeds whose test subsets differ: the rule (and the text) takes the highest majority rate
+    mixed = [
+        _record("a", s, acc, majority=m) for s, (acc, m) in enumerate([(0.72, 0.5), (0.73, 0.6), (0.74, 0.5)])
+    ]
+    assert (
+        fill("{{learned @ arm=a}}", config, mixed)
+        == "learned (73.0 %, 95 % CI 70.5 to 75.5, majority up to 60.0 %)"
+    )
+    assert fill("{{learned @ arm=a}}", config, mixed[:1] + [_record("a", 1, 0.73, majority=0.73)]).startswith(
+        "not learned (72.5 %"
+    )
+
     collapsed = [r if r["cell"] != "arm-b_seed-1" else _record("b", 1, 0.5, collapsed=1.0) for r in records]
     assert fill("{{verdict: final_accuracy @ arm=a - arm=b > 0}}", config, collapsed).startswith(
         "not learned (the second cell; +"
