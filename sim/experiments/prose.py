@@ -11,7 +11,7 @@ from typing import Any
 
 from fedprompt.sim.experiments.config import Cell, ConfigError, ExperimentConfig, expand, matches
 from fedprompt.sim.experiments.records import metrics_of
-from fedprompt.sim.experiments.verdicts import NOT_LEARNED, learned, paired, t_interval, verdict
+from fedprompt.sim.experiments.verdicts import NOT_LEARNED, learned, mean_sd, paired, t_interval, verdict
 
 PERCENT = {
     "initial_accuracy",
@@ -57,11 +57,10 @@ def stat(metric: str, values: Sequence[float], *, with_n: bool = True) -> str:
         return "–"
     if len(values) == 1:
         return _number(metric, values[0])
-    mean = sum(values) / len(values)
+    mean, std = mean_sd(values)
     if all(math.isclose(v, values[0], rel_tol=1e-9, abs_tol=1e-12) for v in values):
         text = _number(metric, mean)
         return f"{text} ({len(values)})" if with_n else text
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
     text = f"{_number(metric, mean)} ± {_number(metric, std)}"
     return f"{text} ({len(values)})" if with_n else text
 

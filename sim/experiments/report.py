@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 import json
 import shlex
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from fedprompt.sim.experiments.runner import (
     outdated,
     scored_before_mean_pool,
 )
+from fedprompt.sim.experiments.verdicts import mean_sd
 
 LABELS = {
     "initial_accuracy": "ACC r0",
@@ -338,13 +338,7 @@ def _line_series(
         label = f"{plot.series}={params.get(plot.series)}" if plot.series else plot.y
         scale = 100 if plot.y in PERCENT else 1
         points.setdefault(label, {}).setdefault(float(params[plot.x]), []).append(scale * value)
-    return {
-        label: [
-            (x, statistics.fmean(ys), statistics.stdev(ys) if len(ys) > 1 else 0.0)
-            for x, ys in sorted(xs.items())
-        ]
-        for label, xs in points.items()
-    }
+    return {label: [(x, *mean_sd(ys)) for x, ys in sorted(xs.items())] for label, xs in points.items()}
 
 
 def caption(config: ExperimentConfig, plot: PlotSpec, records: list[dict[str, Any]]) -> str:

@@ -37,15 +37,23 @@ class Interval:
     n: int
 
 
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """The mean and the sample standard deviation (n − 1); a deviation of 0 for one value."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("a mean needs at least one value")
+    mean = sum(values) / n
+    return mean, (math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0)
+
+
 def t_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
     """mean ± t(1 − (1 − level)/2, n − 1)·s/√n; ValueError for no values."""
     n = len(values)
     if n == 0:
         raise ValueError("an interval needs at least one value")
-    mean = sum(values) / n
+    mean, s = mean_sd(values)
     if n == 1:
         return Interval(mean, mean, mean, 1)
-    s = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     half = float(stats.t.ppf(1 - (1 - level) / 2, n - 1)) * s / math.sqrt(n)
     return Interval(mean, mean - half, mean + half, n)
 

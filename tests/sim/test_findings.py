@@ -17,7 +17,7 @@ from fedprompt.sim.experiments.findings import (
     verdict_word,
 )
 from fedprompt.sim.experiments.prose import fill
-from fedprompt.sim.experiments.verdicts import learned, paired, t_interval, verdict
+from fedprompt.sim.experiments.verdicts import learned, mean_sd, paired, t_interval, verdict
 
 
 def test_t_interval_of_three_values_by_hand() -> None:
@@ -30,6 +30,13 @@ def test_t_interval_of_three_values_by_hand() -> None:
     assert (one.low, one.mean, one.high, one.n) == (0.7, 0.7, 0.7, 1)
     with pytest.raises(ValueError):
         t_interval([])
+
+
+def test_mean_and_sample_deviation_by_hand() -> None:
+    assert mean_sd([70.0, 74.0, 78.0]) == (74.0, 4.0)  # squares 16 + 0 + 16 over n − 1 = 2
+    assert mean_sd([5.0]) == (5.0, 0.0)
+    with pytest.raises(ValueError):
+        mean_sd([])
 
 
 def test_learned_needs_the_interval_above_the_majority_and_no_collapse() -> None:
