@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import ssl
 import subprocess
@@ -50,6 +51,11 @@ def federation_with_clients(
         for i in range(n)
     ]
     return fid, enrol, clients
+
+
+def report(service: Any, fid: int, version: int, client: Any, payload: dict[str, Any]) -> bool:
+    """A client's evaluation report through the service, awaited as the route awaits it."""
+    return asyncio.run(service.uploads.report_evaluation(fid, version, client, payload))
 
 
 def random_tensors(spec: FederationSpec | dict[str, Any], seed: int) -> dict[str, np.ndarray]:

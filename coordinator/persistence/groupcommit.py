@@ -11,10 +11,13 @@ or the exception `write_batch` gave for it. Nothing is acknowledged before its b
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
+import anyio.to_thread
 from sqlalchemy.exc import IntegrityError
 
 T = TypeVar("T")
@@ -73,6 +76,71 @@ class GroupCommit(Generic[T, R]):
         if slot.error is not None:
             raise slot.error
         return slot.result  # type: ignore[return-value]  # set by the committer wherever error is not
+
+
+class AsyncGroupCommit(Generic[T, R]):
+    """GroupCommit for callers on an event loop: a caller waits on the loop, not in a thread.
+
+    A request thread that waits for its batch holds the thread: with FEDPROMPT_THREADS of them, a
+    batch held at most that many items, and the task polls that need a query queued behind the
+    waiting ones. Here the items of one event loop that arrive while a batch is being written wait
+    as futures and form the next batch, written in one worker thread by the caller that finds none
+    being written (each loop keeps its own queue: a test client may run requests on loops of their
+    own). `write_batch` answers as for GroupCommit.
+    """
+
+    def __init__(self, write_batch: Callable[[Sequence[T]], Sequence[R | BaseException]]) -> None:
+        self._write_batch = write_batch
+        self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopQueue[T, R]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def submit(self, item: T) -> R:
+        """Write `item` (with whatever else waits on this loop) and return its result once committed.
+
+        The batch is written by a task of its own: a caller cancelled meanwhile (its client went
+        away) leaves the others' answers, and its own item's write, as they were."""
+        loop = asyncio.get_running_loop()
+        queue = self._queues.get(loop)
+        if queue is None:
+            queue = self._queues[loop] = _LoopQueue()
+        future: asyncio.Future[R] = loop.create_future()
+        queue.waiting.append((item, future))
+        try:
+            while not future.done():
+                if queue.writing is None:  # nobody writes: a batch of everything waiting
+                    batch, queue.waiting = queue.waiting, []
+                    queue.writing = loop.create_task(self._write(queue, batch))
+                await asyncio.wait((future, queue.writing), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            future.cancel()  # its batch skips it (the item itself is written all the same)
+            raise
+        return future.result()
+
+    async def _write(self, queue: _LoopQueue[T, R], batch: list[tuple[T, asyncio.Future[R]]]) -> None:
+        try:
+            outcomes = await anyio.to_thread.run_sync(self._write_batch, [item for item, _ in batch])
+            if len(outcomes) != len(batch):
+                raise RuntimeError(f"write_batch answered {len(outcomes)} of {len(batch)} items")
+        except BaseException as exc:  # every caller of the batch gets it
+            outcomes = [exc] * len(batch)
+        finally:
+            queue.writing = None  # whoever waits next leads the next batch
+        for (_, future), outcome in zip(batch, outcomes, strict=True):
+            if future.done():  # its caller was cancelled
+                continue
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+
+class _LoopQueue(Generic[T, R]):
+    __slots__ = ("waiting", "writing")
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[T, asyncio.Future[R]]] = []
+        self.writing: asyncio.Task[None] | None = None  # the batch being written
 
 
 def one_by_one_on_conflict(

@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import anyio.to_thread
 from fedprompt.coordinator.errors import Invalid, ServiceError
 from fedprompt.coordinator.logic.evaluation import (
     PendingReport,
@@ -41,7 +42,11 @@ from fedprompt.coordinator.persistence.db import (
     Round,
     Update,
 )
-from fedprompt.coordinator.persistence.groupcommit import GroupCommit, one_by_one_on_conflict
+from fedprompt.coordinator.persistence.groupcommit import (
+    AsyncGroupCommit,
+    GroupCommit,
+    one_by_one_on_conflict,
+)
 from fedprompt.coordinator.persistence.store import Store, no_federation
 from fedprompt.coordinator.usecases.secagg import SecureRounds
 from fedprompt.shared import evalstats, wire
@@ -70,7 +75,9 @@ class Uploads:
         self.on_upload = on_upload
         self.secure = secure or SecureRounds(store)
         self._batchers: dict[int, GroupCommit[PendingUpload, UploadResult]] = {}  # fid -> its group commit
-        self._report_batchers: dict[int, GroupCommit[PendingReport, bool]] = {}  # fid -> evaluation reports
+        self._report_batchers: dict[
+            int, AsyncGroupCommit[PendingReport, bool]
+        ] = {}  # fid -> evaluation reports
 
     def upload(self, fid: int, number: int, client: Client, body: bytes) -> UploadResult:
         """Accept a client's update for a round: validated fully before anything is stored, then
@@ -270,12 +277,15 @@ class Uploads:
             return UploadResult(number, attempt, client.id, digest, upd.num_samples, upd.size, created=False)
         raise no_replacing(client.id, number)
 
-    def report_evaluation(self, fid: int, version: int, client: Client, payload: dict[str, Any]) -> bool:
+    async def report_evaluation(
+        self, fid: int, version: int, client: Client, payload: dict[str, Any]
+    ) -> bool:
         """Store a client's evaluation of a prompt version; a repeat is a no-op. True if stored.
 
         Committed like uploads: the reports arriving meanwhile are stored together in one short
         transaction (a thousand clients report each new version within seconds), each with its own
-        answer, and none answered before its batch committed."""
+        answer, and none answered before its batch committed. Awaited on the event loop: a report
+        holds no request thread while its batch is written (AsyncGroupCommit)."""
         pending = PendingReport(
             version=version,
             client_id=client.id,
@@ -288,12 +298,12 @@ class Uploads:
         if batcher is None:
             batcher = self._report_batchers.setdefault(
                 fid,
-                GroupCommit(
+                AsyncGroupCommit(
                     functools.partial(one_by_one_on_conflict, functools.partial(self._store_reports, fid))
                 ),
             )
         try:
-            stored = batcher.submit(pending)
+            stored = await batcher.submit(pending)
         except (
             IntegrityError
         ):  # the same client's concurrent report (through another process) committed first
@@ -301,7 +311,7 @@ class Uploads:
         if self.on_report is not None:  # stored now or before: the report is there either way
             self.on_report(fid, version, client.id)
         if stored and one_class(evalstats.read_confusion(payload.get("metrics"))):
-            self._flag_collapse(fid, version)
+            await anyio.to_thread.run_sync(self._flag_collapse, fid, version)
         return stored
 
     def _store_reports(self, fid: int, items: Sequence[PendingReport]) -> list[bool | ServiceError]:

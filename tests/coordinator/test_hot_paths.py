@@ -4,7 +4,7 @@ this process's long-polls."""
 
 from __future__ import annotations
 
-import threading
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -19,7 +19,7 @@ from fedprompt.coordinator.usecases.tasks import IdleClients
 from fedprompt.shared.spec import FederationSpec
 from sqlalchemy import event, select
 
-from tests.helpers import SMALL_SPEC, update_blob
+from tests.helpers import SMALL_SPEC, report, update_blob
 
 
 def _update(service: Coordinator, fid: int) -> bytes:
@@ -97,7 +97,7 @@ def test_a_poll_with_nothing_new_runs_no_query_until_the_federation_changes(serv
     stamp = store.federation_stamp(fid, 60)
     for c in (a, b):  # version 0's evaluation first
         assert tasks.next_task_at(fid, c, stamp)["kind"] == "evaluate"
-        service.uploads.report_evaluation(fid, 0, c, {"num_samples": 5, "accuracy": 0.5})
+        report(service, fid, 0, c, {"num_samples": 5, "accuracy": 0.5})
     assert tasks.next_task_at(fid, a, stamp)["kind"] == "train"
     tasks.idle.mark(fid, stamp, a.id, tasks.idle.generation(fid))  # as after a's upload: nothing found
     with _statements(service) as seen:
@@ -141,21 +141,28 @@ def test_a_commit_that_changes_a_federation_is_announced_once_it_committed(servi
 def test_concurrent_evaluation_reports_are_each_answered_and_stored_once(service: Coordinator) -> None:
     fid, clients = _federation(service, 12)
     service.enrolment.revoke_client(fid, clients[3].id)
-    answers: dict[int, object] = {}
+    batches: list[int] = []
+    store_reports = service.uploads._store_reports
 
-    def report(i: int) -> None:
-        try:
-            answers[i] = service.uploads.report_evaluation(
-                fid, 0, clients[i % 12], {"num_samples": 5 + i % 12, "accuracy": 0.5}
-            )
-        except Forbidden as exc:
-            answers[i] = str(exc)
+    def counted(fid: int, items: Any) -> Any:
+        batches.append(len(items))
+        return store_reports(fid, items)
 
-    threads = [threading.Thread(target=report, args=(i,)) for i in range(24)]  # each client twice
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    service.uploads._store_reports = counted  # type: ignore[method-assign]
+
+    async def report_all() -> list[object]:
+        async def one(i: int) -> object:
+            try:
+                return await service.uploads.report_evaluation(
+                    fid, 0, clients[i % 12], {"num_samples": 5 + i % 12, "accuracy": 0.5}
+                )
+            except Forbidden as exc:
+                return str(exc)
+
+        return list(await asyncio.gather(*(one(i) for i in range(24))))  # each client twice
+
+    answers = dict(enumerate(asyncio.run(report_all())))
+    assert sum(batches) < 2 * 24 and max(batches) > 8  # batched beyond the request threads' count
     per_client: dict[int, list[object]] = {}
     for i, answer in answers.items():
         per_client.setdefault(i % 12, []).append(answer)
@@ -230,7 +237,7 @@ def test_the_board_answers_as_next_task_does_with_one_query_per_task_found(servi
         got, expected = both(client)
         assert got == expected
     assert both(a)[0]["kind"] == "evaluate" and both(c)[0]["kind"] == "train"
-    service.uploads.report_evaluation(fid, 0, a, {"num_samples": 5, "accuracy": 0.5})
+    report(service, fid, 0, a, {"num_samples": 5, "accuracy": 0.5})
     with _statements(service) as seen:  # the board learnt a's report at its commit: no query for it
         got = tasks.next_task_at(fid, a, store.federation_stamp(fid, 60))
     assert got == tasks.next_task(fid, a) and got["kind"] == "train"
@@ -267,7 +274,7 @@ def test_the_board_learns_an_upload_committed_here_and_asks_nothing_after_it(ser
     fid, (a, b) = _federation(service, 2, eval_every=100)
     tasks, store = service.tasks, service.store
     for c in (a, b):  # version 0's evaluation first
-        service.uploads.report_evaluation(fid, 0, c, {"num_samples": 5, "accuracy": 0.5})
+        report(service, fid, 0, c, {"num_samples": 5, "accuracy": 0.5})
     assert tasks.next_task_at(fid, a, store.federation_stamp(fid, 60))["kind"] == "train"
     service.uploads.upload(fid, 1, a, _update(service, fid))
     with _statements(service) as seen:  # the board learnt the update at its commit

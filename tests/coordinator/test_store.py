@@ -14,7 +14,7 @@ from fedprompt.coordinator.service import Coordinator
 from fedprompt.shared import wire
 from fedprompt.shared.spec import FederationSpec
 
-from tests.helpers import SMALL_SPEC, update_blob
+from tests.helpers import SMALL_SPEC, report, update_blob
 
 
 def _federation(service: Coordinator, **overrides) -> tuple[int, FederationSpec]:  # type: ignore[no-untyped-def]
@@ -230,7 +230,7 @@ def test_tasks_evaluate_then_train_then_done(service: Coordinator) -> None:
     a, b = _enrol(service, fid, 2)
     task = service.tasks.next_task(fid, a)
     assert task["kind"] == "evaluate" and task["version"] == 0
-    service.uploads.report_evaluation(fid, 0, a, {"num_samples": 10, "accuracy": 0.5, "loss": 0.7})
+    report(service, fid, 0, a, {"num_samples": 10, "accuracy": 0.5, "loss": 0.7})
     task = service.tasks.next_task(fid, a)
     assert (
         task["kind"] == "train" and task["round"] == 1 and task["config"]["local_steps"] == spec.local_steps
@@ -241,8 +241,8 @@ def test_tasks_evaluate_then_train_then_done(service: Coordinator) -> None:
     service.uploads.upload(fid, 1, b, update_blob(spec, 2))
     service.cycle.after_upload(fid)
     assert service.tasks.next_task(fid, a)["kind"] == "evaluate"
-    service.uploads.report_evaluation(fid, 1, a, {"num_samples": 30, "accuracy": 0.9, "loss": 0.2})
-    service.uploads.report_evaluation(fid, 1, b, {"num_samples": 10, "accuracy": 0.5, "loss": 0.6})
+    report(service, fid, 1, a, {"num_samples": 30, "accuracy": 0.9, "loss": 0.2})
+    report(service, fid, 1, b, {"num_samples": 10, "accuracy": 0.5, "loss": 0.6})
     assert service.tasks.next_task(fid, a)["kind"] == "done"
     evaluation = service.reads.round_detail(fid, 1)["evaluation"]
     assert evaluation["accuracy"] == pytest.approx(0.8) and evaluation["loss"] == pytest.approx(0.3)
@@ -258,7 +258,7 @@ def test_eval_every_asks_for_evaluations_of_version_0_every_nth_and_the_final_ve
         task = service.tasks.next_task(fid, a)
         if task["kind"] == "evaluate":  # of the version the previous round made
             asked.append(task["version"])
-            service.uploads.report_evaluation(fid, task["version"], a, {"num_samples": 5, "accuracy": 0.5})
+            report(service, fid, task["version"], a, {"num_samples": 5, "accuracy": 0.5})
             task = service.tasks.next_task(fid, a)
         assert task["kind"] == "train" and task["round"] == number, task
         for c in (a, b):
@@ -269,7 +269,7 @@ def test_eval_every_asks_for_evaluations_of_version_0_every_nth_and_the_final_ve
     final = service.tasks.next_task(fid, a)
     assert final["kind"] == "evaluate" and final["version"] == 5  # the last round's, though 5 % 2 == 1
     asked.append(final["version"])
-    service.uploads.report_evaluation(fid, 5, a, {"num_samples": 5, "accuracy": 0.5})
+    report(service, fid, 5, a, {"num_samples": 5, "accuracy": 0.5})
     assert service.tasks.next_task(fid, a)["kind"] == "done"
     assert asked == [0, 2, 4, 5]
 

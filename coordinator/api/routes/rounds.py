@@ -150,10 +150,10 @@ async def upload(
     response_model=EvaluationStored,
     responses={200: {"description": "already reported", "model": EvaluationStored}},
 )
-def report_evaluation(
+async def report_evaluation(
     fid: IdPath, number: IdPath, report: EvaluationReport, client: ClientDep, service: ServiceDep
 ) -> JSONResponse:
     """Report the evaluation of the prompt produced by round `number` (0: the initial prompt)."""
     version = number if report.version is None else report.version
-    created = service.uploads.report_evaluation(fid, version, client, report.model_dump())
+    created = await service.uploads.report_evaluation(fid, version, client, report.model_dump())
     return JSONResponse({"version": version, "stored": created}, status_code=201 if created else 200)
