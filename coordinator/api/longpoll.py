@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import Counter
@@ -22,6 +23,7 @@ from typing import Any
 from fastapi.concurrency import run_in_threadpool
 from fedprompt.coordinator.api.perloop import PerLoop
 from fedprompt.coordinator.persistence.db import Client
+from fedprompt.coordinator.persistence.groupcommit import AsyncBatcher
 from fedprompt.coordinator.persistence.store import Stamp, Store
 from fedprompt.coordinator.service import Coordinator
 
@@ -116,6 +118,15 @@ class TaskPoll:
     def __init__(self, service: Coordinator, interval: float, max_wait: float) -> None:
         self.service, self.max_wait = service, max_wait
         self.watches: PerLoop[StampWatch] = PerLoop(lambda: StampWatch(service.store, interval))
+        # fid -> its polls' batches: those that wake together are answered by one call (Tasks.next_tasks_at)
+        self._batches: dict[int, AsyncBatcher[tuple[Client, Stamp], dict[str, Any] | None]] = {}
+
+    def _batcher(self, fid: int) -> AsyncBatcher[tuple[Client, Stamp], dict[str, Any] | None]:
+        batcher = self._batches.get(fid)
+        if batcher is None:
+            tasks = self.service.tasks
+            batcher = self._batches.setdefault(fid, AsyncBatcher(functools.partial(tasks.next_tasks_at, fid)))
+        return batcher
 
     async def next_task(self, fid: int, client: Client, wait: float) -> dict[str, Any] | None:
         """The client's next task, or None when none came within `wait` seconds (at most max_wait)."""
@@ -131,7 +142,7 @@ class TaskPoll:
                 if tasks.idle.idle(fid, stamp, client.id):  # nothing under this stamp: no thread, no query
                     found = None
                 else:
-                    found = await run_in_threadpool(tasks.next_task_at, fid, client, stamp)
+                    found = await self._batcher(fid).submit((client, stamp))
                 if found is not None:
                     return found
                 seen = stamp

@@ -78,15 +78,17 @@ class GroupCommit(Generic[T, R]):
         return slot.result  # type: ignore[return-value]  # set by the committer wherever error is not
 
 
-class AsyncGroupCommit(Generic[T, R]):
-    """GroupCommit for callers on an event loop: a caller waits on the loop, not in a thread.
+class AsyncBatcher(Generic[T, R]):
+    """GroupCommit for callers on an event loop, who wait on the loop, not in a thread: concurrent
+    callers' items handled by one `write_batch` call in a worker thread, each with its own answer.
 
     A request thread that waits for its batch holds the thread: with FEDPROMPT_THREADS of them, a
     batch held at most that many items, and the task polls that need a query queued behind the
-    waiting ones. Here the items of one event loop that arrive while a batch is being written wait
-    as futures and form the next batch, written in one worker thread by the caller that finds none
-    being written (each loop keeps its own queue: a test client may run requests on loops of their
-    own). `write_batch` answers as for GroupCommit.
+    waiting ones. Here the items of one event loop that arrive while a batch is being handled wait
+    as futures and form the next batch (each loop keeps its own queue: a test client may run
+    requests on loops of their own). Evaluation reports are committed this way, and the task polls
+    that wake together when a round opens are answered this way (one read for the batch).
+    `write_batch` answers as for GroupCommit.
     """
 
     def __init__(self, write_batch: Callable[[Sequence[T]], Sequence[R | BaseException]]) -> None:

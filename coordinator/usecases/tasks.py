@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -51,6 +52,25 @@ _PENDING = (  # selected for the round and not uploaded yet
         Update.id.is_(None),
     )
 )
+# The same two checks for a batch of polls (next_tasks_at): which of these clients reported the
+# version, which of them are still to upload.
+_EVALUATED_AMONG = select(Evaluation.client_id).where(
+    Evaluation.federation_id == bindparam("fid"),
+    Evaluation.version == bindparam("version"),
+    Evaluation.client_id.in_(bindparam("clients", expanding=True)),
+)
+_PENDING_AMONG = (
+    select(Participant.client_id)
+    .outerjoin(
+        Update, and_(Update.round_id == Participant.round_id, Update.client_id == Participant.client_id)
+    )
+    .where(
+        Participant.round_id == bindparam("round"),
+        Participant.client_id.in_(bindparam("clients", expanding=True)),
+        Update.id.is_(None),
+    )
+)
+_IN_CHUNK = 500  # bound parameters per IN list (old SQLite builds allow 999 in a statement)
 _PARTICIPANTS = select(Participant.client_id, Participant.id).where(
     Participant.round_id == bindparam("round")
 )
@@ -58,6 +78,14 @@ _UPLOADED = select(Update.client_id).where(Update.round_id == bindparam("round")
 _TASKED = select(Participant.id).where(
     Participant.round_id == bindparam("round"), Participant.client_id == bindparam("client")
 )
+
+
+def _answer(ask: Any, *args: Any) -> dict[str, Any] | None | BaseException:
+    """One poll's answer within a batch: its task, or the error that is its alone."""
+    try:
+        return ask(*args)
+    except Exception as exc:
+        return exc
 
 
 class _Held(NamedTuple):
@@ -305,6 +333,79 @@ class Tasks:
                     return board.train
                 board.uploaded.add(client.id)
         return board.done
+
+    def next_tasks_at(
+        self, fid: int, polls: Sequence[tuple[Client, Stamp]]
+    ) -> list[dict[str, Any] | None | BaseException]:
+        """`next_task_at` for several clients' polls at once, in order: when a round opens or a
+        version is made a thousand waiting polls wake together, and the board's tasks are confirmed
+        with one query per kind for all of them instead of one query (and one thread) per poll. An
+        error of one client's own answer (e.g. from `next_task`) is that poll's alone."""
+        out: list[dict[str, Any] | None | BaseException] = [None] * len(polls)
+        spec = self.store.cached_spec(fid)
+        if spec.buffered or spec.secure_aggregation is not None:  # per client, as next_task_at
+            for i, (client, stamp) in enumerate(polls):
+                out[i] = _answer(self.next_task_at, fid, client, stamp)
+            return out
+        generation = self.idle.generation(fid)
+        by_stamp: dict[Stamp, list[int]] = {}
+        for i, (client, stamp) in enumerate(polls):
+            if not self.idle.idle(fid, stamp, client.id):
+                by_stamp.setdefault(stamp, []).append(i)
+        for stamp, indices in by_stamp.items():
+            board = self._board(fid, stamp, generation)
+            asked: list[int] = []
+            trains: list[int] = []
+            for i in indices:
+                client = polls[i][0]
+                if client.id not in board.ranks:  # enrolled (or revoked) since the board was read
+                    out[i] = _answer(self.next_task, fid, client)
+                    continue
+                if (
+                    board.evaluate is not None
+                    and client.id not in board.evaluated
+                    and asked_to_evaluate(client.info, board.evaluators, board.ranks[client.id])
+                ):
+                    asked.append(client.id)
+                if (
+                    board.train is not None
+                    and client.id in board.participants
+                    and client.id not in board.uploaded
+                ):
+                    trains.append(client.id)
+                out[i] = board.done
+            if asked or trains:
+                reported, pending = self._confirm(fid, board, asked, trains)
+                board.evaluated.update(set(asked) & reported)
+                board.uploaded.update(set(trains) - pending)
+                for i in indices:
+                    cid = polls[i][0].id
+                    if cid in board.ranks and cid in asked and cid not in reported:
+                        out[i] = board.evaluate
+                    elif cid in board.ranks and cid in pending:
+                        out[i] = board.train
+            for i in indices:
+                if out[i] is None:
+                    self.idle.mark(fid, stamp, polls[i][0].id, generation)
+        return out
+
+    def _confirm(
+        self, fid: int, board: Board, asked: list[int], trains: list[int]
+    ) -> tuple[set[int], set[int]]:
+        """Of the clients the board asks to evaluate, those who reported its version meanwhile; of
+        those it asks to train, those still to upload (each through this or another process)."""
+        reported: set[int] = set()
+        pending: set[int] = set()
+        with self.store.sessions() as s:
+            c = s.connection()
+            for lo in range(0, len(asked), _IN_CHUNK):
+                chunk = asked[lo : lo + _IN_CHUNK]
+                params = {"fid": fid, "version": board.latest, "clients": chunk}
+                reported.update(c.scalars(_EVALUATED_AMONG, params))
+            for lo in range(0, len(trains), _IN_CHUNK):
+                chunk = trains[lo : lo + _IN_CHUNK]
+                pending.update(c.scalars(_PENDING_AMONG, {"round": board.round_id, "clients": chunk}))
+        return reported, pending
 
     def learn_report(self, fid: int, version: int, client_id: int) -> None:
         """This process committed the client's report of `version`: the federation's board no longer

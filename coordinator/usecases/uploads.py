@@ -43,7 +43,7 @@ from fedprompt.coordinator.persistence.db import (
     Update,
 )
 from fedprompt.coordinator.persistence.groupcommit import (
-    AsyncGroupCommit,
+    AsyncBatcher,
     GroupCommit,
     one_by_one_on_conflict,
 )
@@ -75,9 +75,7 @@ class Uploads:
         self.on_upload = on_upload
         self.secure = secure or SecureRounds(store)
         self._batchers: dict[int, GroupCommit[PendingUpload, UploadResult]] = {}  # fid -> its group commit
-        self._report_batchers: dict[
-            int, AsyncGroupCommit[PendingReport, bool]
-        ] = {}  # fid -> evaluation reports
+        self._report_batchers: dict[int, AsyncBatcher[PendingReport, bool]] = {}  # fid -> evaluation reports
 
     def upload(self, fid: int, number: int, client: Client, body: bytes) -> UploadResult:
         """Accept a client's update for a round: validated fully before anything is stored, then
@@ -285,7 +283,7 @@ class Uploads:
         Committed like uploads: the reports arriving meanwhile are stored together in one short
         transaction (a thousand clients report each new version within seconds), each with its own
         answer, and none answered before its batch committed. Awaited on the event loop: a report
-        holds no request thread while its batch is written (AsyncGroupCommit)."""
+        holds no request thread while its batch is written (AsyncBatcher)."""
         pending = PendingReport(
             version=version,
             client_id=client.id,
@@ -298,7 +296,7 @@ class Uploads:
         if batcher is None:
             batcher = self._report_batchers.setdefault(
                 fid,
-                AsyncGroupCommit(
+                AsyncBatcher(
                     functools.partial(one_by_one_on_conflict, functools.partial(self._store_reports, fid))
                 ),
             )

@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 
 import pytest
-from fedprompt.coordinator.persistence.groupcommit import AsyncGroupCommit, GroupCommit
+from fedprompt.coordinator.persistence.groupcommit import AsyncBatcher, GroupCommit
 
 
 def test_concurrent_items_are_batched_and_each_caller_gets_its_own_result() -> None:
@@ -89,7 +89,7 @@ def test_async_items_of_one_loop_are_batched_beyond_any_thread_count() -> None:
         time.sleep(0.05)  # a transaction, in a worker thread: the loop queues the next batch meanwhile
         return [ValueError(f"odd {i}") if i % 2 else i * 10 for i in items]
 
-    gc: AsyncGroupCommit[int, int] = AsyncGroupCommit(write)
+    gc: AsyncBatcher[int, int] = AsyncBatcher(write)
 
     async def call(i: int) -> object:
         try:
@@ -118,7 +118,7 @@ def test_async_a_failing_batch_fails_its_callers_and_a_cancelled_caller_leaves_t
             raise RuntimeError("database is gone")
         return [x.upper() for x in items]
 
-    gc: AsyncGroupCommit[str, str] = AsyncGroupCommit(write)
+    gc: AsyncBatcher[str, str] = AsyncBatcher(write)
 
     async def main() -> None:
         with pytest.raises(RuntimeError, match="database is gone"):
@@ -139,6 +139,6 @@ def test_async_a_failing_batch_fails_its_callers_and_a_cancelled_caller_leaves_t
 
 
 def test_async_a_short_answer_is_an_error_not_a_silent_success() -> None:
-    gc: AsyncGroupCommit[int, int] = AsyncGroupCommit(lambda items: [])
+    gc: AsyncBatcher[int, int] = AsyncBatcher(lambda items: [])
     with pytest.raises(RuntimeError, match="answered 0 of 1"):
         asyncio.run(gc.submit(1))

@@ -253,6 +253,38 @@ def test_the_board_answers_as_next_task_does_with_one_query_per_task_found(servi
     assert tasks.next_task_at(fid, b, store.federation_stamp(fid, 0)) == tasks.next_task(fid, b)
 
 
+def test_polls_that_wake_together_are_answered_as_next_task_does_with_one_query_per_kind(
+    service: Coordinator,
+) -> None:
+    fid, clients = _federation(service, 8, evaluators=6)
+    tasks, store = service.tasks, service.store
+    for c in clients[:3]:  # three reported version 0; of these, one has uploaded too
+        report(service, fid, 0, c, {"num_samples": 5, "accuracy": 0.5})
+    service.uploads.upload(fid, 1, clients[0], _update(service, fid))
+    service.enrolment.revoke_client(fid, clients[7].id)
+    tasks._changed(fid)  # a fresh board and no marks: as a process that learnt none of it
+    stamp = store.federation_stamp(fid, 0)
+    expected = [tasks.next_task(fid, c) for c in clients]
+    assert [t and t["kind"] for t in expected] == [None, "train", "train", *["evaluate"] * 3, "train", "train"]
+    tasks._changed(fid)
+    tasks._board(fid, stamp, tasks.idle.generation(fid))  # the board, read once per change
+    with _statements(service) as seen:
+        got = tasks.next_tasks_at(fid, [(c, stamp) for c in clients])
+    assert got[:7] == expected[:7]
+    # the revoked client is no longer on the board: answered by next_task, alone
+    assert got[7] == tasks.next_task(fid, clients[7])
+    selects = [q for q in seen if q.lstrip().upper().startswith("SELECT")]
+    evaluated = [q for q in selects if "evaluations" in q.lower() and " in " in q.lower()]
+    pending = [q for q in selects if "participants" in q.lower() and " in " in q.lower()]
+    assert len(evaluated) == 1 and len(pending) == 1  # one query per kind for the whole batch
+    assert len(selects) < len(clients)
+    # client 0 found nothing: marked idle, so its next poll under this stamp asks nothing
+    assert tasks.idle.idle(fid, stamp, clients[0].id)
+    with _statements(service) as seen:
+        assert tasks.next_tasks_at(fid, [(clients[0], stamp)]) == [None]
+    assert seen == []
+
+
 def test_a_request_asks_no_telemetry_provider(api: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """FastAPI's OpenTelemetry hooks are off: serving a request never asks the global tracer, meter or
     logger provider (each of which read the environment on every request while the hooks were on)."""
