@@ -30,7 +30,6 @@ from typing import Annotated, Any, Literal, TextIO
 
 import structlog
 import typer
-from fastapi import Request
 from structlog.typing import EventDict, WrappedLogger
 
 Scope = MutableMapping[str, Any]
@@ -407,10 +406,10 @@ def path_fields(path_params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-async def bind_route_context(request: Request) -> None:
-    """App-wide dependency: bind the route's federation/round/client ids into the log context."""
-    # async on purpose: it runs in the request's task, so the binding reaches the endpoint's thread
-    fields = path_fields(request.path_params)
+def bind_route_context(path_params: dict[str, Any]) -> None:
+    """Bind a routed request's federation/round/client ids into the log context (call it in the
+    request's task, once routed: the binding then reaches the endpoint's thread too)."""
+    fields = path_fields(path_params)
     if fields:
         structlog.contextvars.bind_contextvars(**fields)
 

@@ -71,13 +71,15 @@ UploadThreadsDep = Annotated[anyio.CapacityLimiter, Depends(get_upload_threads)]
 TokenDep = Annotated[str, Depends(bearer)]
 
 
-async def require_admin(
-    request: Request,
-    settings: SettingsDep,
-    service: ServiceDep,
-    _: Annotated[Credentials, Depends(admin_scheme)],
-) -> None:
+# The authorisation dependencies read the service and settings off the app rather than through
+# dependencies of their own: FastAPI solves every dependency of every request anew, and these run on
+# every authenticated request (a thousand workers' polls).
+
+
+async def require_admin(request: Request, _: Annotated[Credentials, Depends(admin_scheme)]) -> None:
     """Admin routes (the session cookie's check reads the database: in a thread)."""
+    settings: Settings = request.app.state.settings
+    service: Coordinator = request.app.state.service
     if uses_session(request):
         await run_in_threadpool(authorize, request, Scope.ADMIN, settings, service)
     else:
@@ -85,14 +87,11 @@ async def require_admin(
 
 
 async def require_client(
-    request: Request,
-    fid: IdPath,
-    service: ServiceDep,
-    settings: SettingsDep,
-    _: Annotated[Credentials, Depends(client_scheme)],
+    request: Request, fid: IdPath, _: Annotated[Credentials, Depends(client_scheme)]
 ) -> Client:
     """Client routes: the token must belong to an active client of this federation."""
-    client = await authorize_client(request, Scope.CLIENT, settings, service, fid)
+    app = request.app
+    client = await authorize_client(request, Scope.CLIENT, app.state.settings, app.state.service, fid)
     assert client is not None
     return client
 
@@ -100,13 +99,12 @@ async def require_client(
 async def require_admin_or_client(
     request: Request,
     fid: IdPath,
-    service: ServiceDep,
-    settings: SettingsDep,
     _a: Annotated[Credentials, Depends(admin_scheme)],
     _c: Annotated[Credentials, Depends(client_scheme)],
 ) -> Client | None:
     """Routes both sides use: None for the admin, else the authenticated client."""
-    return await authorize_client(request, Scope.ADMIN_OR_CLIENT, settings, service, fid)
+    app = request.app
+    return await authorize_client(request, Scope.ADMIN_OR_CLIENT, app.state.settings, app.state.service, fid)
 
 
 async def require_enrolment(

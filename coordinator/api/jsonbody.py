@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import HTTPException, Request, Response
 from fastapi.routing import APIRoute
 from fedprompt.shared import jsonlimits
+from fedprompt.shared.logs import bind_route_context
 
 
 class BoundedJSONRequest(Request):
@@ -36,12 +37,15 @@ class BoundedJSONRequest(Request):
 
 
 class BoundedJSONRoute(APIRoute):
-    """An API route whose request body JSON is parsed by BoundedJSONRequest."""
+    """The coordinator's route class: the request body's JSON parsed by BoundedJSONRequest, and the
+    path's ids bound into the log context before any dependency runs (here rather than as an
+    app-wide dependency, which FastAPI would solve anew on every request)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def bounded(request: Request) -> Response:
+            bind_route_context(request.path_params)
             return await handler(BoundedJSONRequest(request.scope, request.receive))
 
         return bounded

@@ -11,6 +11,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fedprompt.coordinator.api.auth import is_admin_token
 from fedprompt.coordinator.api.body import read_limited_body
 from fedprompt.coordinator.api.deps import AdminDep, MetricsDep, ServiceDep, SettingsDep
+from fedprompt.coordinator.api.jsonbody import BoundedJSONRoute
 from fedprompt.coordinator.api.ratelimit_dep import UNGUESSABLE_CHARS, client_ip, get_rate_limiter
 from fedprompt.coordinator.api.session import (
     CSRF_VALUE,
@@ -24,7 +25,9 @@ from fedprompt.coordinator.dashboard import make_templates, page_data
 from fedprompt.coordinator.errors import TooLarge
 from fedprompt.coordinator.hosting.ratelimit import RateLimited
 
-router = APIRouter(prefix="/dashboard", tags=["dashboard"], include_in_schema=False)
+router = APIRouter(
+    prefix="/dashboard", tags=["dashboard"], include_in_schema=False, route_class=BoundedJSONRoute
+)
 templates = make_templates()
 
 # The page runs only its own scripts, is never framed (clickjacking of the action buttons) and is

@@ -26,6 +26,32 @@ router = APIRouter(
     prefix=FEDERATIONS, tags=["federations"], responses=API_ERRORS, route_class=BoundedJSONRoute
 )
 
+# The prompt download first: a request is matched against the routes in order, and every worker
+# fetches each new version.
+
+
+@router.get(
+    "/{fid}/prompts/{version}",
+    response_class=Response,
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "safetensors bytes"},
+        304: {"description": "the version named by If-None-Match is current (no body)"},
+    },
+)
+async def get_prompt(
+    fid: IdPath, version: VersionPath, service: ServiceDep, who: EitherDep, request: Request
+) -> Response:
+    """A global prompt version ('latest' or a number) as safetensors; ETag is its sha256."""
+    # a version held in memory is answered here; one that needs the database, in a thread
+    pv = service.tasks.cached_prompt(fid, version, client=who)
+    if pv is None:
+        pv = await run_in_threadpool(service.tasks.get_prompt, fid, version, client=who)
+    etag = f'"{pv.sha256}"'
+    headers = {"ETag": etag, "X-Prompt-Version": str(pv.version), "X-Prompt-Sha256": pv.sha256}
+    if request.headers.get("if-none-match") == etag:
+        return Response(status_code=304, headers=headers)
+    return Response(pv.blob, media_type="application/octet-stream", headers=headers)
+
 
 @router.post("", status_code=201, dependencies=[AdminDep], response_model=FederationStatus)
 def create_federation(service: ServiceDep, spec: SpecBody) -> dict[str, Any]:
@@ -81,29 +107,6 @@ def get_spec(fid: IdPath, service: ServiceDep, who: EitherDep) -> dict[str, Any]
     """The federation's spec (workers read it to load the right model, template and verbalizer)."""
     del who  # authentication only: admin or a client of this federation
     return service.federations.federation_spec(fid)
-
-
-@router.get(
-    "/{fid}/prompts/{version}",
-    response_class=Response,
-    responses={
-        200: {"content": {"application/octet-stream": {}}, "description": "safetensors bytes"},
-        304: {"description": "the version named by If-None-Match is current (no body)"},
-    },
-)
-async def get_prompt(
-    fid: IdPath, version: VersionPath, service: ServiceDep, who: EitherDep, request: Request
-) -> Response:
-    """A global prompt version ('latest' or a number) as safetensors; ETag is its sha256."""
-    # a version held in memory is answered here; one that needs the database, in a thread
-    pv = service.tasks.cached_prompt(fid, version, client=who)
-    if pv is None:
-        pv = await run_in_threadpool(service.tasks.get_prompt, fid, version, client=who)
-    etag = f'"{pv.sha256}"'
-    headers = {"ETag": etag, "X-Prompt-Version": str(pv.version), "X-Prompt-Sha256": pv.sha256}
-    if request.headers.get("if-none-match") == etag:
-        return Response(status_code=304, headers=headers)
-    return Response(pv.blob, media_type="application/octet-stream", headers=headers)
 
 
 @router.get(

@@ -6,10 +6,11 @@ from fastapi import APIRouter, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from fedprompt.coordinator.api.deps import MetricsDep, ServiceDep, SettingsDep
+from fedprompt.coordinator.api.jsonbody import BoundedJSONRoute
 from fedprompt.coordinator.api.schemas import Health
 from fedprompt.coordinator.persistence.migrate import schema_is_current
 
-router = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"], route_class=BoundedJSONRoute)
 
 
 @router.get("/healthz", response_model=Health)

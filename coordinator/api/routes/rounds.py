@@ -32,53 +32,8 @@ from fedprompt.coordinator.hosting.paths import FEDERATION, UPDATE
 
 router = APIRouter(prefix=FEDERATION, tags=["rounds"], responses=API_ERRORS, route_class=BoundedJSONRoute)
 
-
-@router.post(
-    "/rounds",
-    status_code=201,
-    dependencies=[AdminDep],
-    response_model=RoundSummary,
-    responses=problem_responses(409, e409="a round is open, all rounds are done, or too few clients"),
-)
-def open_round(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
-    """Open the next round now (selects max(ceil(C*K), min_clients) clients)."""
-    return service.cycle.open_round(fid)
-
-
-@router.post(
-    "/rounds/{number}/close",
-    dependencies=[AdminDep],
-    response_model=RoundSummary,
-    responses=problem_responses(409, e409="the round is not open, or it is below its quorum"),
-)
-def close_round(fid: IdPath, number: IdPath, service: ServiceDep) -> dict[str, Any]:
-    """Aggregate the open round now with the updates that arrived (needs the quorum)."""
-    return service.cycle.close_round(fid, number)
-
-
-@router.get("/rounds", dependencies=[AdminDep], response_model=list[RoundSummary])
-def list_rounds(fid: IdPath, service: ServiceDep) -> list[dict[str, Any]]:
-    """Round history: every attempt with participants, timings, bytes and metrics."""
-    return service.reads.rounds(fid)
-
-
-@router.get("/rounds/{number}", dependencies=[AdminDep], response_model=RoundSummary)
-def get_round(fid: IdPath, number: IdPath, service: ServiceDep) -> dict[str, Any]:
-    """One round (its latest attempt)."""
-    return service.reads.round_detail(fid, number)
-
-
-@router.get("/evaluations/{version}", dependencies=[AdminDep], response_model=EvaluationSummary | None)
-def get_evaluation(fid: IdPath, version: IdPath, service: ServiceDep) -> dict[str, Any] | None:
-    """Sample-weighted evaluation of a prompt version over the clients that reported (null if none)."""
-    return service.reads.evaluations(fid, version)
-
-
-@router.get("/evaluations/{version}/sites", dependencies=[AdminDep], response_model=SiteEvaluations)
-def get_site_evaluations(fid: IdPath, version: IdPath, service: ServiceDep) -> dict[str, Any]:
-    """Each site's own evaluation of a prompt version, and how far the sites lie apart (403 under
-    secure aggregation unless its spec lets sites report their confusion matrices)."""
-    return service.reads.site_evaluations(fid, version)
+# The workers' routes first: a request is matched against the routes in order, and these take
+# nearly every request of a running federation.
 
 
 @router.get(
@@ -97,6 +52,21 @@ async def task(
     if found is None:
         return Response(status_code=204, headers={"Retry-After": "1"})
     return JSONResponse(found)
+
+
+@router.post(
+    "/rounds/{number}/evaluation",
+    status_code=201,
+    response_model=EvaluationStored,
+    responses={200: {"description": "already reported", "model": EvaluationStored}},
+)
+async def report_evaluation(
+    fid: IdPath, number: IdPath, report: EvaluationReport, client: ClientDep, service: ServiceDep
+) -> JSONResponse:
+    """Report the evaluation of the prompt produced by round `number` (0: the initial prompt)."""
+    version = number if report.version is None else report.version
+    created = await service.uploads.report_evaluation(fid, version, client, report.model_dump())
+    return JSONResponse({"version": version, "stored": created}, status_code=201 if created else 200)
 
 
 @router.put(
@@ -145,15 +115,48 @@ async def upload(
 
 
 @router.post(
-    "/rounds/{number}/evaluation",
+    "/rounds",
     status_code=201,
-    response_model=EvaluationStored,
-    responses={200: {"description": "already reported", "model": EvaluationStored}},
+    dependencies=[AdminDep],
+    response_model=RoundSummary,
+    responses=problem_responses(409, e409="a round is open, all rounds are done, or too few clients"),
 )
-async def report_evaluation(
-    fid: IdPath, number: IdPath, report: EvaluationReport, client: ClientDep, service: ServiceDep
-) -> JSONResponse:
-    """Report the evaluation of the prompt produced by round `number` (0: the initial prompt)."""
-    version = number if report.version is None else report.version
-    created = await service.uploads.report_evaluation(fid, version, client, report.model_dump())
-    return JSONResponse({"version": version, "stored": created}, status_code=201 if created else 200)
+def open_round(fid: IdPath, service: ServiceDep) -> dict[str, Any]:
+    """Open the next round now (selects max(ceil(C*K), min_clients) clients)."""
+    return service.cycle.open_round(fid)
+
+
+@router.post(
+    "/rounds/{number}/close",
+    dependencies=[AdminDep],
+    response_model=RoundSummary,
+    responses=problem_responses(409, e409="the round is not open, or it is below its quorum"),
+)
+def close_round(fid: IdPath, number: IdPath, service: ServiceDep) -> dict[str, Any]:
+    """Aggregate the open round now with the updates that arrived (needs the quorum)."""
+    return service.cycle.close_round(fid, number)
+
+
+@router.get("/rounds", dependencies=[AdminDep], response_model=list[RoundSummary])
+def list_rounds(fid: IdPath, service: ServiceDep) -> list[dict[str, Any]]:
+    """Round history: every attempt with participants, timings, bytes and metrics."""
+    return service.reads.rounds(fid)
+
+
+@router.get("/rounds/{number}", dependencies=[AdminDep], response_model=RoundSummary)
+def get_round(fid: IdPath, number: IdPath, service: ServiceDep) -> dict[str, Any]:
+    """One round (its latest attempt)."""
+    return service.reads.round_detail(fid, number)
+
+
+@router.get("/evaluations/{version}", dependencies=[AdminDep], response_model=EvaluationSummary | None)
+def get_evaluation(fid: IdPath, version: IdPath, service: ServiceDep) -> dict[str, Any] | None:
+    """Sample-weighted evaluation of a prompt version over the clients that reported (null if none)."""
+    return service.reads.evaluations(fid, version)
+
+
+@router.get("/evaluations/{version}/sites", dependencies=[AdminDep], response_model=SiteEvaluations)
+def get_site_evaluations(fid: IdPath, version: IdPath, service: ServiceDep) -> dict[str, Any]:
+    """Each site's own evaluation of a prompt version, and how far the sites lie apart (403 under
+    secure aggregation unless its spec lets sites report their confusion matrices)."""
+    return service.reads.site_evaluations(fid, version)
