@@ -342,8 +342,8 @@ def scale_floors(doc: dict[str, Any], source: str = "scale.json") -> list[Floor]
 SOURCES: list[tuple[str, Callable[[dict[str, Any]], Floor | list[Floor] | None]]] = [
     ("comm.json", comm_floor),
     ("aggregation.json", fedavg_floor),
-    ("ingest.json", ingest_floors),
-    ("ingest-board-learns.json", lambda doc: ingest_floors(doc, "ingest-board-learns.json")),
+    # the ingest floors from the latest A/B run only (the earlier files stay in §2's tables)
+    ("ingest-batched-polls.json", lambda doc: ingest_floors(doc, "ingest-batched-polls.json")),
     ("worker.json", worker_floor),
     ("e2e.json", e2e_floor),
     ("peers.json", peers_floors),
