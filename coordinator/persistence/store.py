@@ -64,6 +64,9 @@ log = logging.getLogger("fedprompt.coordinator")
 _FED_ROW = select(Federation.id, Federation.state, Federation.current_round, Federation.latest_version).where(
     Federation.id == bindparam("fid")
 )
+_OPEN_ROUND_ID = (
+    select(Round.id).where(Round.federation_id == bindparam("fid"), Round.state == RoundState.OPEN).limit(1)
+)
 _HELD = (  # mode async: train tasks handed out since the cutoff and not uploaded, oldest first
     select(Participant.client_id, Round.number, Round.attempt, Round.base_version, Participant.dispatched_at)
     .join(Round, Round.id == Participant.round_id)
@@ -103,6 +106,7 @@ class Store:
         bind = sessions.kw.get("bind")
         self._write_lock = WriteLock() if bind is not None and bind.dialect.name == "sqlite" else None
         self._specs: dict[int, FederationSpec] = {}  # a process serves one database; ids are never reused
+        self._spec_json: dict[int, dict[str, Any]] = {}  # the same specs as stored (the JSON handed out)
         self._heartbeat_s: dict[int, float] = {}  # fid -> seconds between recorded polls of a client
         self._selected: dict[int, int] = {}  # round attempt id -> clients selected (fixed at its start)
         self._versions: dict[tuple[int, int], PromptVersion] = {}  # oldest first, VERSION_CACHE_ENTRIES
@@ -176,6 +180,11 @@ class Store:
             )
         )
 
+    def has_open_round(self, s: Session, fid: int) -> bool:
+        """Whether a round is open: one column of one row, no ORM object (through the session, which
+        flushes first: a round failed in this transaction must not read as open)."""
+        return s.execute(_OPEN_ROUND_ID, {"fid": fid}).first() is not None
+
     def open_round(self, s: Session, fid: int) -> Round | None:
         return s.scalars(
             select(Round).where(Round.federation_id == fid, Round.state == RoundState.OPEN)
@@ -237,7 +246,20 @@ class Store:
                 spec = self.spec(s, fid)
         return spec
 
+    def spec_json(self, fid: int) -> dict[str, Any]:
+        """The spec as stored (a copy), read from the database once per process: every enrolment
+        answers with it."""
+        raw = self._spec_json.get(fid)
+        if raw is None:
+            with self.sessions() as s:
+                raw = s.scalar(select(Federation.spec).where(Federation.id == fid))
+            if raw is None:
+                raise no_federation(fid)
+            self._remember_spec(fid, raw)
+        return dict(raw)
+
     def _remember_spec(self, fid: int, raw: dict[str, Any]) -> FederationSpec:
+        self._spec_json[fid] = dict(raw)
         spec = self._specs[fid] = FederationSpec.model_validate(raw)
         self._heartbeat_s[fid] = spec.heartbeat_s
         return spec

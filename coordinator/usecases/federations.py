@@ -109,9 +109,8 @@ class Federations:
         return self.reads.federation_status(fid)
 
     def federation_spec(self, fid: int) -> dict[str, Any]:
-        """The federation's spec as JSON."""
-        with self.store.sessions() as s:
-            return dict(self.store.federation(s, fid).spec)
+        """The federation's spec as JSON (a spec never changes: read once per process)."""
+        return self.store.spec_json(fid)
 
     def export_prompt(self, fid: int, version: str | int, fmt: str) -> tuple[str, bytes]:
         """A prompt version in an outside format: (file name, bytes); 'peft' is a zipped PEFT adapter folder."""

@@ -196,7 +196,7 @@ class RoundCycle:
     def advance(self, s: Session, fed: Federation, *, manual: bool) -> Round | None:
         """Open the next round if the federation is due one (caller holds the federation lock)."""
         spec = self.store.spec_of(fed)
-        if fed.state == FederationState.COMPLETED or self.store.open_round(s, fed.id) is not None:
+        if fed.state == FederationState.COMPLETED or self.store.has_open_round(s, fed.id):
             return None
         if not manual and (fed.paused or not spec.auto_advance):
             fed.state = federation_after(
