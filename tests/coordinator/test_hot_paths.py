@@ -265,7 +265,14 @@ def test_polls_that_wake_together_are_answered_as_next_task_does_with_one_query_
     tasks._changed(fid)  # a fresh board and no marks: as a process that learnt none of it
     stamp = store.federation_stamp(fid, 0)
     expected = [tasks.next_task(fid, c) for c in clients]
-    assert [t and t["kind"] for t in expected] == [None, "train", "train", *["evaluate"] * 3, "train", "train"]
+    assert [t and t["kind"] for t in expected] == [
+        None,
+        "train",
+        "train",
+        *["evaluate"] * 3,
+        "train",
+        "train",
+    ]
     tasks._changed(fid)
     tasks._board(fid, stamp, tasks.idle.generation(fid))  # the board, read once per change
     with _statements(service) as seen:
