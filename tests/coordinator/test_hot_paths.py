@@ -15,7 +15,7 @@ from fedprompt.coordinator.logic.evaluation import PendingReport, check_reports
 from fedprompt.coordinator.persistence.db import Evaluation, Federation, Participant
 from fedprompt.coordinator.persistence.downloadlog import DownloadLog
 from fedprompt.coordinator.service import Coordinator
-from fedprompt.coordinator.usecases.tasks import IdleClients
+from fedprompt.coordinator.usecases.board import IdleClients
 from fedprompt.shared.spec import FederationSpec
 from sqlalchemy import event, select
 
