@@ -227,46 +227,26 @@ class Tasks:
 
     def next_task_at(self, fid: int, client: Client, stamp: Stamp) -> dict[str, Any] | None:
         """`next_task`, when the federation's change stamp is `stamp` (read before this call): a
-        client that found nothing under the same stamp finds nothing again, without a query."""
+        client that found nothing under the same stamp finds nothing again, without a query. A
+        batch of one of `next_tasks_at`."""
+        answer = self.next_tasks_at(fid, [(client, stamp)])[0]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def _next_task_per_client(
+        self, fid: int, client: Client, stamp: Stamp, spec: FederationSpec
+    ) -> dict[str, Any] | None:
+        """Mode async and secure rounds, whose tasks are per client: no board."""
         if self.idle.idle(fid, stamp, client.id):
             return None
-        generation = self.idle.generation(fid)
-        spec = self.store.cached_spec(fid)
         if spec.buffered:  # a task handed out, or an upload, frees or takes a slot: no mark holds
             return self.next_buffered_task(fid, client)
-        if spec.secure_aggregation is not None:
-            found = self.next_task(fid, client)  # a secure round's stages are per client
-        else:
-            found = self._from_board(fid, client, stamp, generation)
+        generation = self.idle.generation(fid)
+        found = self.next_task(fid, client)  # a secure round's stages are per client
         if found is None:
             self.idle.mark(fid, stamp, client.id, generation)
         return found
-
-    def _from_board(self, fid: int, client: Client, stamp: Stamp, generation: int) -> dict[str, Any] | None:
-        """next_task through the federation's board: at most one query of the client's own rows for
-        each task the board finds, none when it finds none."""
-        board = self._board(fid, stamp, generation)
-        if client.id not in board.ranks:  # enrolled (or revoked) since the board was read
-            return self.next_task(fid, client)
-        asked = board.evaluate is not None and client.id not in board.evaluated
-        asked = asked and asked_to_evaluate(client.info, board.evaluators, board.ranks[client.id])
-        trains = (
-            board.train is not None and client.id in board.participants and client.id not in board.uploaded
-        )
-        if not (asked or trains):
-            return board.done
-        with self.store.sessions() as s:
-            c = s.connection()
-            if asked:
-                params = {"fid": fid, "version": board.latest, "client": client.id}
-                if c.scalar(_EVALUATED, params) is None:
-                    return board.evaluate
-                board.evaluated.add(client.id)
-            if trains:
-                if c.scalar(_PENDING, {"round": board.round_id, "client": client.id}) is not None:
-                    return board.train
-                board.uploaded.add(client.id)
-        return board.done
 
     def next_tasks_at(
         self, fid: int, polls: Sequence[tuple[Client, Stamp]]
@@ -279,7 +259,7 @@ class Tasks:
         spec = self.store.cached_spec(fid)
         if spec.buffered or spec.secure_aggregation is not None:  # per client, as next_task_at
             for i, (client, stamp) in enumerate(polls):
-                out[i] = _answer(self.next_task_at, fid, client, stamp)
+                out[i] = _answer(self._next_task_per_client, fid, client, stamp, spec)
             return out
         generation = self.idle.generation(fid)
         by_stamp: dict[Stamp, list[int]] = {}
