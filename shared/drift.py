@@ -1,5 +1,5 @@
-"""Client-drift correction: FedProx's proximal term, SCAFFOLD's control variates and the logit-adjusted
-(balanced) local loss. Pure functions.
+"""Client-drift correction: FedProx's proximal term, SCAFFOLD's control variates, the logit-adjusted
+(balanced) local loss and entropy scaling of a client's update. Pure functions.
 
 Under label skew each client's local optimum lies away from the federation's, and local steps pull
 the prompt towards it (client drift). Two corrections act on the local gradient g of a client's loss:
@@ -132,3 +132,24 @@ def logit_adjustment(prior: npt.NDArray[np.float64], tau: float = 1.0) -> npt.ND
     if tau < 0 or not np.isfinite(tau):
         raise DriftError(f"tau must be finite and >= 0; got {tau}")
     return tau * np.log(prior)
+
+
+def label_entropy_share(counts: list[int]) -> float:
+    """H(p_i) / log k of a client's own label distribution p_i (its label counts as they are, no
+    smoothing) over its k labels: 1 for a client holding every label equally, 0 for one holding a
+    single label, which has nothing to teach about telling labels apart. The factor by which a client
+    with entropy scaling shrinks its update."""
+    if len(counts) < 2 or sum(counts) <= 0:
+        raise DriftError(f"entropy scaling needs two labels or more and an example; got counts {counts}")
+    p = label_prior(counts, smoothing=0.0)
+    held = p[p > 0]
+    return float(-(held * np.log(held)).sum() / np.log(len(p)))
+
+
+def scaled_update(trained: Mapping[str, A], start: Mapping[str, Any], scale: float) -> dict[str, A]:
+    """start + scale·(trained − start) per tensor: the update kept at `scale` of its length, from the
+    round's global prompt `start`."""
+    if not 0.0 <= scale <= 1.0 or not np.isfinite(scale):
+        raise DriftError(f"an update's scale must lie in [0, 1]; got {scale}")
+    _same(trained, start, "the trained prompt and the round's global prompt")
+    return {n: start[n] + scale * (trained[n] - start[n]) for n in trained}

@@ -206,6 +206,13 @@ class DriftCorrectionSpec(BaseModel):
         "with none, fedprox or scaffold; the distribution stays on the client.",
     )
     tau: float = Field(1.0, ge=0, le=10, description="balanced_loss: the adjustment's weight τ.")
+    entropy_scaling: bool = Field(
+        False,
+        description="Each client sends its update (its trained prompt minus the round's global prompt) "
+        "scaled by the entropy of its own label distribution over log(labels), in [0, 1]: a client "
+        "holding one label barely moves the shared prompt, one holding every label equally sends its "
+        "whole update. Combines with the others; the distribution stays on the client.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> DriftCorrectionSpec:

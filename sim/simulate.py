@@ -245,7 +245,9 @@ def simulate_command(
         str,
         typer.Option(
             help="Client-drift correction of the local steps: none | fedprox (proximal term, e.g. "
-            "fedprox:mu=0.1) | scaffold (control variates); see docs/label-skew.md."
+            "fedprox:mu=0.1) | scaffold (control variates) | balanced (the logit-adjusted local loss); "
+            "options after a colon, e.g. balanced:entropy_scaling=true (each client shrinks its update "
+            "by its own label entropy); see docs/label-skew.md."
         ),
     ] = "none",
     local_optimizer: Annotated[

@@ -505,8 +505,13 @@ class Agent:
     def _release(self, blob_in: bytes, metrics: dict[str, Any]) -> dict[str, Any] | None:
         """The trained prompt as uploaded when it differs from the engine's (worker/release.py); None
         when the prompt goes up as trained."""
-        backdoor, privacy = self.config.backdoor, self.spec.privacy if self.spec else None
-        if (backdoor is None or not backdoor.malicious) and privacy is None:
+        spec = self.spec
+        backdoor, privacy = self.config.backdoor, spec.privacy if spec else None
+        scale = None  # entropy scaling: from this client's own label counts, which stay here
+        if spec is not None and spec.drift_correction is not None and spec.drift_correction.entropy_scaling:
+            counts = np.bincount([int(ex.label) for ex in self.train_data], minlength=len(spec.verbalizer))
+            scale = drift.label_entropy_share(counts.tolist())
+        if (backdoor is None or not backdoor.malicious) and privacy is None and scale is None:
             return None
         return release(
             self.engine.get_prompt(),
@@ -519,6 +524,7 @@ class Agent:
             eval_data=self.eval_data,
             ldp_seed=self.config.ldp_seed,
             round_number=self.status.round or 0,
+            update_scale=scale,
         )
 
     def _upload(self, number: int, blob: bytes) -> None:

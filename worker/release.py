@@ -1,5 +1,6 @@
 """What leaves the worker after training: the evaluation report of a global prompt, and the update's
-release — a malicious worker's own measurements and attack, then local DP when the spec asks for it."""
+release — entropy scaling, a malicious worker's own measurements and attack, then local DP, each when
+the spec or the worker's configuration asks for it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from fedprompt.shared.drift import scaled_update
 from fedprompt.shared.evalstats import confusion_metrics
 from fedprompt.shared.privacy import gaussian_ldp, gaussian_noise_multiplier, laplace_ldp, ldp_rng
 from fedprompt.shared.spec_options import PrivacySpec
@@ -38,8 +40,14 @@ def release(
     eval_data: Sequence[Any],
     ldp_seed: int | None,
     round_number: int,
+    update_scale: float | None = None,
 ) -> dict[str, np.ndarray]:
-    """The trained prompt as it is uploaded; what the worker measured or applied goes into `metrics`."""
+    """The trained prompt as it is uploaded; what the worker measured or applied goes into `metrics`.
+    `update_scale` (entropy scaling, shared/drift.py) shrinks the update first, so that local DP
+    clips and noises what is sent."""
+    if update_scale is not None:
+        trained = scaled_update(trained, global_prompt, update_scale)
+        metrics["update_scale"] = update_scale
     if backdoor is not None and backdoor.malicious:
         # its own prompt before any attack: the backdoor (local ASR) and the clean task (local accuracy)
         if asr_data:

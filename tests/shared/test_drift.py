@@ -122,3 +122,27 @@ def test_the_balanced_loss_shifts_scores_by_the_log_of_the_clients_own_label_mix
     assert spec.drift_correction is not None and spec.drift_correction.balanced_loss
     with pytest.raises(ValidationError, match="set balanced_loss"):
         FederationSpec(drift_correction={"name": "none", "tau": 0.5})
+
+
+def test_entropy_scaling_shrinks_an_update_by_the_clients_own_label_entropy() -> None:
+    # (411, 32): p = (411, 32) / 443, entropy 0.2594 nats over log 2
+    p = np.array([411, 32]) / 443
+    expected = float(-(p * np.log(p)).sum() / np.log(2))
+    assert drift.label_entropy_share([411, 32]) == pytest.approx(expected) == pytest.approx(0.3742, abs=1e-4)
+    assert drift.label_entropy_share([158, 0]) == 0.0  # one label: nothing to send
+    with pytest.raises(drift.DriftError, match="two labels"):
+        drift.label_entropy_share([0, 0])
+    assert drift.label_entropy_share([50, 50]) == pytest.approx(1.0)
+    assert drift.label_entropy_share([3, 3, 3]) == pytest.approx(1.0)
+    assert drift.label_entropy_share([9, 0, 0]) < drift.label_entropy_share([5, 4, 0]) < 1.0
+    start = {"p": np.array([1.0, -2.0])}
+    trained = {"p": np.array([3.0, 2.0])}
+    np.testing.assert_allclose(drift.scaled_update(trained, start, 0.25)["p"], [1.5, -1.0])
+    np.testing.assert_allclose(drift.scaled_update(trained, start, 1.0)["p"], trained["p"])
+    np.testing.assert_allclose(drift.scaled_update(trained, start, 0.0)["p"], start["p"])
+    with pytest.raises(drift.DriftError, match=r"\[0, 1\]"):
+        drift.scaled_update(trained, start, 1.5)
+    with pytest.raises(drift.DriftError, match="name different tensors"):
+        drift.scaled_update(trained, {"q": np.zeros(2)}, 0.5)
+    spec = FederationSpec(drift_correction={"name": "fedprox", "entropy_scaling": True})
+    assert spec.drift_correction is not None and spec.drift_correction.entropy_scaling

@@ -137,9 +137,10 @@ def _agent(
     coordinator: FakeCoordinator,
     token: str | None = "fpe_x",
     engine: type[FakeEngine] | None = None,
+    examples: list[Example] | None = None,
     **settings: Any,
 ) -> Agent:
-    examples = [Example(text=f"t{i}", label=i % 2) for i in range(4)]
+    examples = examples or [Example(text=f"t{i}", label=i % 2) for i in range(4)]
     config = AgentConfig(
         coordinator="http://coordinator",
         federation_id=1,
@@ -463,6 +464,31 @@ def test_a_fedprox_client_passes_mu_to_the_engine(tmp_path: Path) -> None:
     _run_until_done(_agent(tmp_path, Prox(0), engine=ScaffoldEngine))
     (options,) = ScaffoldEngine.seen
     assert options["prox_mu"] == 0.2 and "correction" not in options and "mean_gradient" not in options
+
+
+@pytest.mark.parametrize(
+    ("labels", "scale"), [([0, 0, 0, 0], 0.0), ([0, 0, 0, 1], 0.8112781), ([0, 1, 0, 1], 1.0)]
+)
+def test_an_entropy_scaled_client_sends_its_update_shrunk_by_its_own_label_entropy(
+    tmp_path: Path, labels: list[int], scale: float
+) -> None:
+    """Global prompt 1, three steps of +1: the update is 3. Four examples of one label send none of it
+    (the upload is the global prompt); three and one: entropy 0.5623 nats / log 2 = 0.8113, so
+    1 + 0.8113·3; two of each: 1 + 3."""
+    spec = SPEC.model_copy(update={"drift_correction": DriftCorrectionSpec(entropy_scaling=True)})
+
+    class Scaled(FakeCoordinator):
+        def __call__(self, request: httpx.Request) -> httpx.Response:
+            if request.url.path.endswith("/spec"):
+                return httpx.Response(200, json=spec.model_dump(mode="json"))
+            return super().__call__(request)
+
+    coordinator = Scaled(0)
+    examples = [Example(text=f"t{i}", label=label) for i, label in enumerate(labels)]
+    _run_until_done(_agent(tmp_path, coordinator, engine=ScaffoldEngine, examples=examples))
+    tensors, meta = wire.decode(coordinator.uploads[-1])
+    np.testing.assert_allclose(tensors["prompt_embeddings"], 1.0 + scale * 3.0, rtol=1e-6)
+    assert json.loads(meta["metrics"])["update_scale"] == pytest.approx(scale, rel=1e-6)
 
 
 def test_a_worker_sends_heartbeats_while_its_model_loads(tmp_path: Path) -> None:
