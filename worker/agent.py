@@ -511,6 +511,7 @@ class Agent:
         if spec is not None and spec.drift_correction is not None and spec.drift_correction.entropy_scaling:
             counts = np.bincount([int(ex.label) for ex in self.train_data], minlength=len(spec.verbalizer))
             scale = drift.label_entropy_share(counts.tolist())
+            log.info("round %s: update scaled by %.3f, this client's label entropy", self.status.round, scale)
         if (backdoor is None or not backdoor.malicious) and privacy is None and scale is None:
             return None
         return release(

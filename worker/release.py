@@ -45,9 +45,8 @@ def release(
     """The trained prompt as it is uploaded; what the worker measured or applied goes into `metrics`.
     `update_scale` (entropy scaling, shared/drift.py) shrinks the update first, so that local DP
     clips and noises what is sent."""
-    if update_scale is not None:
+    if update_scale is not None:  # not in `metrics`: those go up with the update
         trained = scaled_update(trained, global_prompt, update_scale)
-        metrics["update_scale"] = update_scale
     if backdoor is not None and backdoor.malicious:
         # its own prompt before any attack: the backdoor (local ASR) and the clean task (local accuracy)
         if asr_data:
