@@ -29,6 +29,8 @@ DEFAULT_VALUES: dict[str, Any] = {"method": "prompt_tuning"}
 # without the option matches whatever the config says. measure_asr: before it, every client with a
 # target label measured the ASR (what measure_asr asks for); training is the same either way.
 LEGACY_OPTIONS = {"measure_asr"}
+# A record written before an option's default changed, and without the option, ran with this value.
+IMPLIED_OPTIONS = {"drift_correction": "none"}
 
 
 def simulate_options() -> set[str]:
@@ -106,12 +108,14 @@ def committed_cells(fig_dir: Path, name: str) -> dict[str, dict[str, Any]]:
 
 def same_options(recorded: dict[str, Any] | None, options: dict[str, Any]) -> bool:
     """True when a committed record ran with these options (a summary written before records carried
-    their options matches by cell id alone; an option of LEGACY_OPTIONS it lacks is not compared)."""
+    their options matches by cell id alone; an option of LEGACY_OPTIONS it lacks is not compared, one
+    of IMPLIED_OPTIONS it lacks reads as that option's value then)."""
     if recorded is None:
         return True
     wanted = normalised(options)
     missing = LEGACY_OPTIONS - set(recorded)
-    return recorded == {k: v for k, v in wanted.items() if k not in missing}
+    implied = {k: v for k, v in IMPLIED_OPTIONS.items() if k not in recorded and k in wanted}
+    return recorded | implied == {k: v for k, v in wanted.items() if k not in missing}
 
 
 def outdated(record: dict[str, Any], options: dict[str, Any]) -> str | None:

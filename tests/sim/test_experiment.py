@@ -517,6 +517,14 @@ def test_a_record_from_before_measure_asr_matches_either_setting() -> None:
     assert same_options(None, {"anything": 1})  # a summary written before records carried options
 
 
+def test_a_record_without_drift_correction_ran_with_none() -> None:
+    """Records from before the label-skew default name no drift correction: they ran with none."""
+    old = {"dataset": "sst2", "seed": 0}
+    assert same_options(old, {**old, "drift_correction": "none"})
+    assert not same_options(old, {**old, "drift_correction": "balanced:entropy_scaling=true"})
+    assert same_options({**old, "drift_correction": "fedprox"}, {**old, "drift_correction": "fedprox"})
+
+
 LDP = """
 name: ldp
 title: "LDP"
