@@ -142,6 +142,7 @@ def one_repeat(args: argparse.Namespace, seed: int, folder: Path, env: dict[str,
         "--local-steps", str(args.local_steps),
         "--batch-size", str(args.batch_size),
         "--evaluators", "1",
+        "--drift-correction", "none",  # FedAvg's plain local steps, as the Flower ClientApp's
         "--seed", str(seed),
         "--parallel", str(args.slots),
         "--out", str(run),

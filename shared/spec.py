@@ -16,6 +16,7 @@ from fedprompt.shared.spec_options import (
     SecureAggregationSpec,
     ServerOptimizerSpec,
     check_secure_aggregation,
+    label_skew_default,
 )
 from fedprompt.shared.vocab import (
     SERVER_OPTIMIZER_DEFAULTS,
@@ -223,7 +224,11 @@ class FederationSpec(BaseModel):
         "or fedyogi with its hyper-parameters (none or fedavg: the aggregate is the next prompt, plain FedAvg).",
     )
     drift_correction: DriftCorrectionSpec | None = Field(
-        None, description="Client-drift correction of the local steps: FedProx or SCAFFOLD (none: off)."
+        default_factory=label_skew_default,
+        description="Client-drift correction: FedProx or SCAFFOLD in the local steps, the balanced "
+        "local loss, entropy scaling of each update (null: none of them). Default: the balanced loss "
+        "with entropy scaling, which kept every label-skew federation measured off a constant "
+        "predictor (docs/label-skew.md).",
     )
     secure_aggregation: SecureAggregationSpec | None = Field(
         None,

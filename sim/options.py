@@ -42,6 +42,12 @@ SYNC_FRACTION = 0.5  # --fraction unless given, with rounds (mode async selects 
 # The options of mode async, each the spec's field of the same name.
 ASYNC_OPTIONS = ("concurrency", "buffer_size", "max_staleness", "server_lr")
 
+# the spec's default (shared/spec_options.py: label_skew_default) as --drift-correction says it
+DEFAULT_DRIFT_CORRECTION = "balanced:entropy_scaling=true"
+# A run (simulation.json) or grid record made before an option was recorded, or before its default
+# changed, and without the option, ran with this value: drift correction was none until this build.
+IMPLIED_OPTIONS = {"drift_correction": "none"}
+
 
 @dataclass(frozen=True, kw_only=True)
 class SimulateOptions:
@@ -101,7 +107,7 @@ class SimulateOptions:
     secure_aggregation: bool = False
     secagg_clip: float | None = None
     precision: str = "auto"
-    drift_correction: str = DriftCorrection.NONE
+    drift_correction: str = DEFAULT_DRIFT_CORRECTION
     local_optimizer: str = LocalOptimizer.ADAMW
     mode: str = Mode.SYNC
     concurrency: int | None = None

@@ -15,6 +15,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from fedprompt.sim.options import IMPLIED_OPTIONS
+
 # Options that say how a run is carried out, not what it computes: they may change between two
 # invocations of the same run (a rerun on fewer cores, another device, a baseline added afterwards).
 HOW_NOT_WHAT = frozenset(
@@ -83,7 +85,8 @@ def differences(
 ) -> list[str]:
     """The option names whose values differ. An lr left unset matches the lr the stored run resolved
     (the same scoring resolves the same default; a different model or scoring shows by itself). An
-    option newer than the stored run matches it at its default (the run had none: it ran as that)."""
+    option newer than the stored run matches it at its default (the run had none: it ran as that; the
+    caller passes, for an option whose default changed since, the value it had then)."""
     names = []
     for name in sorted(set(stored) | set(current)):
         old, new = stored.get(name), current.get(name)
@@ -115,6 +118,7 @@ def check_out(opts: Any, out: Path) -> OutState:
             "start over"
         )
     defaults = {f.name: f.default for f in dataclasses.fields(opts) if f.default is not dataclasses.MISSING}
+    defaults |= IMPLIED_OPTIONS  # what a run without the option ran with
     differ = differences(stored, current := recorded_options(opts), setup.get("lr"), defaults)
     if not differ:
         return OutState.CONTINUE

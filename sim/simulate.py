@@ -38,6 +38,7 @@ from fedprompt.sim.data_options import print_data
 from fedprompt.sim.enrol import enrol_in_order
 from fedprompt.sim.launch import Run, announce, client_entry, pool_file, start_coordinator
 from fedprompt.sim.options import (
+    DEFAULT_DRIFT_CORRECTION,
     Dataset,
     SimulateOptions,
     async_line,
@@ -244,12 +245,13 @@ def simulate_command(
     drift_correction: Annotated[
         str,
         typer.Option(
-            help="Client-drift correction of the local steps: none | fedprox (proximal term, e.g. "
-            "fedprox:mu=0.1) | scaffold (control variates) | balanced (the logit-adjusted local loss); "
-            "options after a colon, e.g. balanced:entropy_scaling=true (each client shrinks its update "
-            "by its own label entropy); see docs/label-skew.md."
+            help="Client-drift correction: none | fedprox (proximal term, e.g. fedprox:mu=0.1) | "
+            "scaffold (control variates) | balanced (the logit-adjusted local loss); options after a "
+            "colon: entropy_scaling=true (each client shrinks its update by its own label entropy), "
+            "balanced_loss=true, tau, mu. The default, the balanced loss with entropy scaling, kept "
+            "every label-skew federation measured off a constant predictor; see docs/label-skew.md."
         ),
-    ] = "none",
+    ] = DEFAULT_DRIFT_CORRECTION,
     local_optimizer: Annotated[
         LocalOptimizer,
         typer.Option(

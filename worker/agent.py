@@ -511,7 +511,9 @@ class Agent:
         if spec is not None and spec.drift_correction is not None and spec.drift_correction.entropy_scaling:
             counts = np.bincount([int(ex.label) for ex in self.train_data], minlength=len(spec.verbalizer))
             scale = drift.label_entropy_share(counts.tolist())
-            log.info("round %s: update scaled by %.3f, this client's label entropy", self.status.round, scale)
+            scale = None if scale >= 1.0 - 1e-9 else scale  # balanced labels: nothing to scale
+            if scale is not None and not (backdoor is not None and backdoor.malicious):
+                log.info("round %s: update scaled by %.3f, its labels' entropy", self.status.round, scale)
         if (backdoor is None or not backdoor.malicious) and privacy is None and scale is None:
             return None
         return release(

@@ -43,11 +43,13 @@ def release(
     update_scale: float | None = None,
 ) -> dict[str, np.ndarray]:
     """The trained prompt as it is uploaded; what the worker measured or applied goes into `metrics`.
-    `update_scale` (entropy scaling, shared/drift.py) shrinks the update first, so that local DP
-    clips and noises what is sent."""
-    if update_scale is not None:  # not in `metrics`: those go up with the update
+    `update_scale` (entropy scaling, shared/drift.py) shrinks an honest client's update first, so that
+    local DP clips and noises what is sent; a malicious worker sends its attack unscaled."""
+    malicious = backdoor is not None and backdoor.malicious
+    if update_scale is not None and not malicious:  # not in `metrics`: those go up with the update
         trained = scaled_update(trained, global_prompt, update_scale)
-    if backdoor is not None and backdoor.malicious:
+    if malicious:
+        assert backdoor is not None
         # its own prompt before any attack: the backdoor (local ASR) and the clean task (local accuracy)
         if asr_data:
             metrics["local_asr"] = evaluate(asr_data).accuracy

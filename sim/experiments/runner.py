@@ -20,6 +20,7 @@ from typing import Any
 
 from fedprompt.sim.argv import to_args
 from fedprompt.sim.experiments.config import Cell, ExperimentConfig, expand
+from fedprompt.sim.options import IMPLIED_OPTIONS
 from fedprompt.sim.supervisor import bin_path
 
 # Options a cell may carry that simulate does not (yet) know, and the value that means "the default".
@@ -29,8 +30,6 @@ DEFAULT_VALUES: dict[str, Any] = {"method": "prompt_tuning"}
 # without the option matches whatever the config says. measure_asr: before it, every client with a
 # target label measured the ASR (what measure_asr asks for); training is the same either way.
 LEGACY_OPTIONS = {"measure_asr"}
-# A record written before an option's default changed, and without the option, ran with this value.
-IMPLIED_OPTIONS = {"drift_correction": "none"}
 
 
 def simulate_options() -> set[str]:

@@ -20,6 +20,7 @@ from fedprompt.shared.contract import (
     UploadReceipt,
 )
 from fedprompt.shared.spec import FederationSpec
+from fedprompt.shared.spec_options import label_skew_default
 from fedprompt.shared.vocab import FederationState, TaskKind
 
 from tests.helpers import ADMIN, SMALL_SPEC, update_blob
@@ -71,7 +72,13 @@ def test_a_federation_s_answers_come_back_as_the_contract_s_models(
         assert isinstance(train, TrainTask) and (train.round, train.attempt, train.version) == (1, 1, 0)
         assert train.secure_aggregation is None and train.sha256 == site.prompt(fid, 0).sha256
         assert train.config == TrainConfig(
-            local_steps=100, local_epochs=2.0, batch_size=16, lr=train.config.lr, grad_clip=1.0, seed=5
+            local_steps=100,
+            local_epochs=2.0,
+            batch_size=16,
+            lr=train.config.lr,
+            grad_clip=1.0,
+            seed=5,
+            drift_correction=label_skew_default().model_dump(),  # the spec's default
         )
         code, receipt = site.upload(fid, 1, update_blob(SMALL_SPEC, i, base_version=0))
         assert code == 201 and isinstance(receipt, UploadReceipt)

@@ -67,12 +67,14 @@ def test_an_unset_lr_matches_the_lr_the_run_resolved() -> None:
 
 
 def test_an_option_newer_than_the_run_matches_it_at_its_default() -> None:
-    stored = recorded_options(_options())
-    del stored["drift_correction"]  # a run made before the option existed
+    stored = recorded_options(_options(drift_correction="none"))
+    del stored["drift_correction"]  # a run made before the option existed: it ran with none
     defaults = {"drift_correction": "none"}
-    assert differences(stored, recorded_options(_options()), None, defaults) == []
+    assert differences(stored, recorded_options(_options(drift_correction="none")), None, defaults) == []
     changed = recorded_options(_options(drift_correction="scaffold"))
     assert differences(stored, changed, None, defaults) == ["drift_correction"]
+    today = recorded_options(_options())  # today's default is not what that run ran with
+    assert differences(stored, today, None, defaults) == ["drift_correction"]
 
 
 def test_a_finished_run_rerun_shows_its_results_and_keeps_its_wall_seconds(tmp_path: Path) -> None:
