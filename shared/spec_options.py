@@ -210,8 +210,7 @@ class DriftCorrectionSpec(BaseModel):
         False,
         description="Each client sends its update (its trained prompt minus the round's global prompt) "
         "scaled by the entropy of its own label distribution over log(labels), in [0, 1]: a client "
-        "holding one label barely moves the shared prompt, one holding every label equally sends its "
-        "whole update. Combines with the others; the distribution stays on the client.",
+        "holding one label sends none of it, one holding every label equally all of it. Combines with the others; the distribution stays on the client.",
     )
 
     @model_validator(mode="after")

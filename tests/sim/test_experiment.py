@@ -517,6 +517,14 @@ def test_a_record_from_before_measure_asr_matches_either_setting() -> None:
     assert same_options(None, {"anything": 1})  # a summary written before records carried options
 
 
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "experiments").glob("*.yaml")), ids=str)
+def test_every_grid_cell_names_its_drift_correction(path: Path) -> None:
+    """A grid that leaves drift correction to simulate's default would silently change what its
+    cells measure when the default changes; every cell names it (none: FedAvg, as the paper)."""
+    unnamed = [cell.id for cell in expand(load_config(path)) if "drift_correction" not in cell.options]
+    assert not unnamed, f"{path.name}: cells without drift_correction: {unnamed[:3]}"
+
+
 def test_a_record_without_drift_correction_ran_with_none() -> None:
     """Records from before the label-skew default name no drift correction: they ran with none."""
     old = {"dataset": "sst2", "seed": 0}
