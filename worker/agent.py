@@ -29,6 +29,7 @@ from fedprompt.shared.secagg.protocol import flatten
 from fedprompt.shared.spec import FederationSpec, client_steps
 from fedprompt.worker.data import Example
 from fedprompt.worker.joining import FatalWorkerError, check_model, join, state_model_parameters
+from fedprompt.worker.local_drift import train_options, update_scale
 from fedprompt.worker.memory import release_freed_memory
 from fedprompt.worker.poison import Backdoor
 from fedprompt.worker.protocol import Engine, EngineFactory
@@ -362,16 +363,8 @@ class Agent:
                     raise Stopped()
 
             log.info("round %s: training %s steps on %s examples", number, steps, len(self.train_data))
-            drift_spec = self.spec.drift_correction
             own_control = self._own_control() if server_control is not None else None
-            options: dict[str, Any] = {}  # client-drift correction, only when the spec asks for it
-            if drift_spec is not None and drift_spec.prox_mu > 0:
-                options["prox_mu"] = drift_spec.prox_mu
-            if drift_spec is not None and drift_spec.balanced_loss and drift_spec.tau > 0:
-                options["balanced_tau"] = drift_spec.tau
-            if server_control is not None and own_control is not None:
-                options["correction"] = drift.scaffold_correction(server_control, own_control)
-                options["mean_gradient"] = True
+            options = train_options(self.spec.drift_correction, server_control, own_control)
             result = self.engine.train(
                 self.train_data,
                 steps=steps,
@@ -505,16 +498,12 @@ class Agent:
     def _release(self, blob_in: bytes, metrics: dict[str, Any]) -> dict[str, Any] | None:
         """The trained prompt as uploaded when it differs from the engine's (worker/release.py); None
         when the prompt goes up as trained."""
-        spec = self.spec
-        backdoor, privacy = self.config.backdoor, spec.privacy if spec else None
-        scale = None  # entropy scaling: from this client's own label counts, which stay here
-        if spec is not None and spec.drift_correction is not None and spec.drift_correction.entropy_scaling:
-            counts = np.bincount([int(ex.label) for ex in self.train_data], minlength=len(spec.verbalizer))
-            scale = drift.label_entropy_share(counts.tolist())
-            scale = None if scale >= 1.0 - 1e-9 else scale  # balanced labels: nothing to scale
-            if scale is not None and not (backdoor is not None and backdoor.malicious):
-                log.info("round %s: update scaled by %.3f, its labels' entropy", self.status.round, scale)
-        if (backdoor is None or not backdoor.malicious) and privacy is None and scale is None:
+        backdoor, privacy = self.config.backdoor, self.spec.privacy if self.spec else None
+        malicious = backdoor is not None and backdoor.malicious
+        scale = update_scale(self.spec, self.train_data)
+        if scale is not None and not malicious:
+            log.info("round %s: update scaled by %.3f, its labels' entropy", self.status.round, scale)
+        if not malicious and privacy is None and scale is None:
             return None
         return release(
             self.engine.get_prompt(),
