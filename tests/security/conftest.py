@@ -47,12 +47,16 @@ class Server:
         return int(self.url.rsplit(":", 1)[1])
 
     def log_size(self) -> int:
-        return self.log.stat().st_size
+        """Where the log's complete lines end: the offset a later `log_since` reads from."""
+        data = self.log.read_bytes()
+        return data.rfind(b"\n") + 1
 
     def log_since(self, offset: int) -> str:
+        """The log's complete lines from offset: a line still being written is left for the next read."""
         with self.log.open("rb") as fh:
             fh.seek(offset)
-            return fh.read().decode("utf-8", "replace")
+            data = fh.read()
+        return data[: data.rfind(b"\n") + 1].decode("utf-8", "replace")
 
     def wait_logged(self, needle: str, offset: int, timeout: float = 10.0) -> str:
         """The log from offset once it contains needle (the access line of a request id)."""
