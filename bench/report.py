@@ -438,6 +438,39 @@ def scale_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def suite_table(doc: dict[str, Any]) -> str:
+    """Each run of the suite: what ran beside it, its wall time, pytest's counts, and the goals met or not."""
+    goal = doc["settings"]["idle_goal_s"]
+    lines = [
+        "| run | beside it | wall time | pytest's own | passed | failed | errors | skipped | load (1 min) | goal |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in doc["runs"]:
+        busy = run["busy_processes"]
+        beside = "nothing (idle)" if busy == 0 else f"{busy} busy processes (`while True: pass`)"
+        clean = run["returncode"] == 0 and run["failed"] == 0 and run["errors"] == 0
+        if busy == 0:
+            goal_text = f"≤ {goal:.0f} s and 0 failures: " + (
+                "met" if clean and run["wall_s"] <= goal else "not met"
+            )
+        else:
+            goal_text = "0 failures: " + ("met" if clean else "not met")
+        pytest_s = "–" if run["pytest_s"] is None else f"{run['pytest_s']:.0f} s"
+        load = f"{run['loadavg_start'][0]:.1f} → {run['loadavg_end'][0]:.1f}"
+        lines.append(
+            f"| {'idle' if busy == 0 else 'loaded'} | {beside} | **{run['wall_s']:.0f} s** | {pytest_s} | "
+            f"{run['passed']} | {run['failed']} | {run['errors']} | {run['skipped']} | {load} | {goal_text} |"
+        )
+    lines += [
+        "",
+        f"`{doc['settings']['command']}` from the repository root, one run of each, one after the other; "
+        "wall time is the whole command's (lint, type check and the suite), pytest's own is its summary line.",
+        "",
+        _machine(doc),
+    ]
+    return "\n".join(lines)
+
+
 TABLES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "comm": ("comm.json", comm_table),
     "aggregation": ("aggregation.json", aggregation_table),
@@ -452,6 +485,7 @@ TABLES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "async": ("async.json", async_table),
     "scale": ("scale.json", scale_table),
     "scale_evaluators": ("scale-evaluators.json", scale_table),
+    "suite": ("suite.json", suite_table),
 }
 
 

@@ -4,6 +4,8 @@ client token, admin token} answers as designed, and a refused call changes nothi
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -61,11 +63,13 @@ EXPECTED: dict[str, dict[str, int | None]] = {
 }
 
 
-@pytest.fixture
-def world(tmp_path) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
+@contextmanager
+def _world(tmp_path: Path, **settings: Any) -> Iterator[dict[str, Any]]:
     url = f"sqlite:///{tmp_path / 'authz.db'}"
     upgrade(url)
-    app = create_app(Settings(database_url=url, admin_token=ADMIN, data_dir=tmp_path), sweep=False)
+    app = create_app(
+        Settings(database_url=url, admin_token=ADMIN, data_dir=tmp_path, **settings), sweep=False
+    )
     with TestClient(app) as api:
         ids, tokens = [], []
         for name in ("a", "b"):
@@ -73,6 +77,26 @@ def world(tmp_path) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
             ids.append(fid)
             tokens.append(clients)
         yield {"api": api, "fid": ids[0], "clients": tokens[0], "other": tokens[1][0]}
+
+
+@pytest.fixture(scope="module")
+def refusing_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """One world for every call that must be refused: each such test asserts that its call changed
+    nothing, so the next one finds the world as it was. Its limit on failed authentications is raised
+    past the matrix's hundred-odd refusals, which would otherwise turn the later 401s into 429s."""
+    with _world(tmp_path_factory.mktemp("authz"), failed_auth_rate_limit="100000/minute") as world:
+        yield world
+
+
+@pytest.fixture
+def world(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A fresh world for a call that is allowed (it may change it), the shared one for a refusal."""
+    params = request.node.callspec.params
+    if EXPECTED[ROUTES[params["route"]]][params["who"]] is not None:
+        yield request.getfixturevalue("refusing_world")
+        return
+    with _world(tmp_path) as world:
+        yield world
 
 
 def test_every_route_is_classified() -> None:

@@ -25,7 +25,7 @@ from tests.helpers import (
 
 pytestmark = pytest.mark.slow
 
-SPEC: dict[str, Any] = {"name": "pool", "max_length": 48, "batch_size": 8, "lr": 0.3, "quorum": 1}
+SPEC: dict[str, Any] = {"name": "pool", "max_length": 32, "batch_size": 4, "lr": 0.3, "quorum": 1}
 K = 6
 
 
@@ -110,7 +110,7 @@ def test_pool_process_killed_mid_round_loses_no_update(tmp_path: Path) -> None:
                 "min_clients": 4,
                 "fraction": 1.0,
                 "rounds": 1,
-                "local_steps": 30,
+                "local_steps": 16,
                 "round_deadline_s": 900,
             }
         ).id
