@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 from fedprompt.coordinator.logic.ledger import ledger
 from fedprompt.shared.spec import FederationSpec, default_lr
+from fedprompt.shared.spec_options import DriftCorrectionSpec, label_skew_default
 from fedprompt.sim.options import (
+    DEFAULT_DRIFT_CORRECTION,
     SimulateOptions,
     parse_aggregation,
     parse_drift_correction,
@@ -58,6 +60,13 @@ def test_drift_correction_option() -> None:
     assert parse_drift_correction("scaffold") == {"name": "scaffold"}
     with pytest.raises(ValueError, match="takes no mu"):
         parse_drift_correction("scaffold:mu=1")
+
+
+def test_simulate_s_default_drift_correction_is_the_spec_s() -> None:
+    """The option's default string and the spec's default_factory say the same thing."""
+    parsed = parse_drift_correction(DEFAULT_DRIFT_CORRECTION)
+    assert DriftCorrectionSpec.model_validate(parsed) == label_skew_default()
+    assert FederationSpec.model_validate(SMALL_SPEC).drift_correction == label_skew_default()
 
 
 def test_privacy_options_go_together() -> None:
