@@ -9,7 +9,6 @@ from fastapi.testclient import TestClient
 from fedprompt.coordinator.app import create_app
 from fedprompt.coordinator.config import Settings
 from fedprompt.coordinator.persistence.db import make_engine, make_sessionmaker
-from fedprompt.coordinator.persistence.migrate import upgrade
 from fedprompt.coordinator.service import Coordinator
 
 from tests.helpers import ADMIN
@@ -35,9 +34,10 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+# db_url is at head for a test using `engine` or `api` (tests/conftest.py, AT_HEAD): a copy of a database
+# migrated once, so neither migrates again.
 @pytest.fixture
 def engine(db_url: str) -> Iterator:  # type: ignore[type-arg]
-    upgrade(db_url)
     eng = make_engine(db_url)
     yield eng
     eng.dispose()
@@ -50,7 +50,6 @@ def service(engine, clock: FakeClock) -> Coordinator:  # type: ignore[no-untyped
 
 @pytest.fixture
 def api(db_url: str, tmp_path) -> Iterator[TestClient]:  # type: ignore[no-untyped-def]
-    upgrade(db_url)
     settings = Settings(database_url=db_url, admin_token=ADMIN, data_dir=tmp_path, max_upload_bytes=LIMIT)
     with TestClient(create_app(settings, sweep=False)) as client:
         yield client
