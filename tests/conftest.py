@@ -81,13 +81,13 @@ def pg_server() -> str:
     return PG_ADMIN_URL
 
 
-def _new_pg_database(admin_url: str, template: str | None = None) -> tuple[str, str]:
-    """A new database (a copy of `template` when given): its name and its SQLAlchemy URL."""
+def _new_pg_database(admin_url: str) -> tuple[str, str]:
+    """A new, empty database: its name and its SQLAlchemy URL."""
     import psycopg
 
     name = f"fedprompt_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+        conn.execute(f'CREATE DATABASE "{name}"')
     base = admin_url.rsplit("/", 1)[0]
     return name, f"{base}/{name}".replace("postgresql://", "postgresql+psycopg://", 1)
 
