@@ -144,12 +144,12 @@ def requirement_closure(wheel: Path, extras: set[str]) -> list[metadata.Distribu
         if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in active):
             continue
         name = canonicalize_name(req.name)
-        if name == project:  # `sim` asks for fedprompt[worker]: the wheel's own requirements again
-            todo += [(Requirement(r), set(req.extras)) for r in own.get_all("Requires-Dist") or []]
-            continue
         if (name, frozenset(req.extras)) in seen:
             continue
         seen.add((name, frozenset(req.extras)))
+        if name == project:  # `sim` asks for fedprompt[worker]: the wheel's own requirements again
+            todo += [(Requirement(r), set(req.extras)) for r in own.get_all("Requires-Dist") or []]
+            continue
         try:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
