@@ -133,10 +133,12 @@ def requirement_closure(wheel: Path, extras: set[str]) -> list[metadata.Distribu
     """The distributions of this environment that the wheel's own requirements (with `extras`) need,
     followed through their requirements: what `pip install wheel[extras]` would install, read from the
     wheel's METADATA, so a package the wheel does not declare stays out of the new environment."""
-    meta = next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".dist-info/METADATA"))
-    own = email.message_from_bytes(zipfile.ZipFile(wheel).read(meta))
+    with zipfile.ZipFile(wheel) as archive:
+        meta = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        own = email.message_from_bytes(archive.read(meta))
     project = canonicalize_name(own["Name"])
-    todo = [(Requirement(r), {"", *extras}) for r in own.get_all("Requires-Dist") or []]
+    requires = own.get_all("Requires-Dist") or []
+    todo = [(Requirement(r), {"", *extras}) for r in requires]
     found: dict[str, metadata.Distribution] = {}
     seen: set[tuple[str, frozenset[str]]] = set()
     while todo:
@@ -148,7 +150,7 @@ def requirement_closure(wheel: Path, extras: set[str]) -> list[metadata.Distribu
             continue
         seen.add((name, frozenset(req.extras)))
         if name == project:  # `sim` asks for fedprompt[worker]: the wheel's own requirements again
-            todo += [(Requirement(r), set(req.extras)) for r in own.get_all("Requires-Dist") or []]
+            todo += [(Requirement(r), set(req.extras)) for r in requires]
             continue
         try:
             dist = metadata.distribution(name)
