@@ -307,10 +307,11 @@ def peers_floors(doc: dict[str, Any]) -> list[Floor]:
 
 def scale_floors(doc: dict[str, Any], source: str = "scale.json") -> list[Floor]:
     """Each larger K ÷ the first K at the same clients per round (bench/scale.py), per repeat; the
-    floor names the evaluation policy when the runs set one (`--evaluators`)."""
+    floor names the evaluation policy the runs had (`--evaluators`; a file without it is from the
+    builds where every client evaluated by default)."""
     repeats = doc.get("repeats") or []
     evaluators = (doc.get("settings") or {}).get("evaluators")
-    policy = "" if evaluators is None else f", {evaluators} evaluators"
+    policy = ", every client evaluating" if evaluators is None else f", {evaluators} evaluators"
     base = doc["sizes"][0]
     loads = [
         x for r in repeats for run in r["runs"] for x in (run["loadavg_start"][0], run["loadavg_end"][0])

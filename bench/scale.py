@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedprompt.sim.options import DEFAULT_EVALUATORS
+
 from bench.common import ratio, spread, write_result
 
 VERBALIZER = "terrible,awful,bad;great,wonderful,good"
@@ -64,8 +66,8 @@ def simulate_command(args: argparse.Namespace, k: int, c: float, out: Path) -> l
         "--out",
         str(out),
     ]
-    if args.evaluators is not None:
-        cmd += ["--evaluators", str(args.evaluators)]
+    # 0: every client evaluates its share (--evaluators K, the default before this build)
+    cmd += ["--evaluators", str(min(args.evaluators, k) if args.evaluators else k)]
     return cmd
 
 
@@ -97,7 +99,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--local-steps", type=int, default=10)
     ap.add_argument("--partition", default="label:1.0")
-    ap.add_argument("--evaluators", type=int, default=None, help="simulate's --evaluators (default: its own)")
+    ap.add_argument(
+        "--evaluators",
+        type=int,
+        default=DEFAULT_EVALUATORS,
+        help=f"simulate's --evaluators at every size (default {DEFAULT_EVALUATORS}, its own above "
+        f"{DEFAULT_EVALUATORS} clients); 0: every client evaluates",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out-dir", default=None)
@@ -136,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
             "rounds": args.rounds,
             "local_steps": args.local_steps,
             "partition": args.partition,
-            "evaluators": args.evaluators,
+            "evaluators": args.evaluators or None,
             "seed": args.seed,
             "verbalizer": VERBALIZER,
         },

@@ -113,7 +113,7 @@ def simulate_command(
         typer.Option(
             min=1,
             help="E: the test split is dealt to the first E clients only, and only they evaluate each "
-            "version (default: every client).",
+            "version (default: every client up to 10 clients, else the first 10).",
         ),
     ] = None,
     template: Annotated[str | None, typer.Option(help=TEMPLATE_HELP)] = None,

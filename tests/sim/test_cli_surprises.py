@@ -77,6 +77,17 @@ def test_an_option_newer_than_the_run_matches_it_at_its_default() -> None:
     assert differences(stored, today, None, defaults) == ["drift_correction"]
 
 
+def test_above_ten_clients_the_first_ten_evaluate_unless_evaluators_is_given() -> None:
+    assert _options(clients=10).evaluators is None  # every client evaluates its share
+    assert _options(clients=11).evaluators == 10
+    assert _options(clients=100, evaluators=3).evaluators == 3
+    assert _options(clients=100, evaluators=100).evaluators == 100
+    # a run made before this default, every client of 100 evaluating, is another run
+    stored = recorded_options(_options(clients=100))
+    stored["evaluators"] = None
+    assert differences(stored, recorded_options(_options(clients=100)), None) == ["evaluators"]
+
+
 def test_a_finished_run_rerun_shows_its_results_and_keeps_its_wall_seconds(tmp_path: Path) -> None:
     opts = _options(dataset="sst2", rounds=1)
     out = _run_folder(tmp_path / "sim", opts)
