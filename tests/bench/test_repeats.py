@@ -144,10 +144,11 @@ def test_e2e_baseline_trains_the_federations_steps_in_train_local() -> None:
 def test_scale_runs_the_same_federation_at_each_k_and_c() -> None:
 
     assert scale.parse_sizes("20:0.5,100:0.1") == [(20, 0.5), (100, 0.1)]
-    args = Namespace(rounds=6, local_steps=10, partition="label:1.0", seed=0, evaluators=None)
+    args = Namespace(rounds=6, local_steps=10, partition="label:1.0", seed=0, evaluators=10)
     small = scale.simulate_command(args, 20, 0.5, Path("a"))
     large = scale.simulate_command(args, 100, 0.1, Path("b"))
     differ = {i for i, (x, y) in enumerate(zip(small, large, strict=True)) if x != y}
-    assert [small[i] for i in sorted(differ)] == ["20", "0.5", "a"] and "--evaluators" not in small
-    args.evaluators = 20
-    assert scale.simulate_command(args, 100, 0.1, Path("b"))[-2:] == ["--evaluators", "20"]
+    assert [small[i] for i in sorted(differ)] == ["20", "0.5", "a"] and small[-2:] == ["--evaluators", "10"]
+    assert scale.simulate_command(args, 4, 1.0, Path("c"))[-2:] == ["--evaluators", "4"]  # never above K
+    args.evaluators = 0  # every client evaluates its share
+    assert scale.simulate_command(args, 100, 0.1, Path("b"))[-2:] == ["--evaluators", "100"]
