@@ -429,7 +429,7 @@ def _profiler(pid: int, args: argparse.Namespace, label: str) -> tuple[subproces
         return None
     out = Path(args.profile) / f"coordinator-{label}.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(pid), "-r", "50"]
+    cmd = [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(pid), "-r", "200"]
     # --gil: only the thread holding the interpreter lock, i.e. where the coordinator's CPU goes
     cmd += ["--format", "raw", "--nonblocking", "--gil", "-o", str(out)]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out

@@ -86,14 +86,25 @@ async def require_admin(request: Request, _: Annotated[Credentials, Depends(admi
         authorize(request, Scope.ADMIN, settings)
 
 
-async def require_client(
-    request: Request, fid: IdPath, _: Annotated[Credentials, Depends(client_scheme)]
-) -> Client:
-    """Client routes: the token must belong to an active client of this federation."""
+async def client_of(request: Request, fid: int) -> Client:
+    """The active client of federation `fid` whose token the request carries (else a refusal)."""
     app = request.app
     client = await authorize_client(request, Scope.CLIENT, app.state.settings, app.state.service, fid)
     assert client is not None
     return client
+
+
+async def admin_or_client_of(request: Request, fid: int) -> Client | None:
+    """None for the admin, else the active client of federation `fid` (else a refusal)."""
+    app = request.app
+    return await authorize_client(request, Scope.ADMIN_OR_CLIENT, app.state.settings, app.state.service, fid)
+
+
+async def require_client(
+    request: Request, fid: IdPath, _: Annotated[Credentials, Depends(client_scheme)]
+) -> Client:
+    """Client routes: the token must belong to an active client of this federation."""
+    return await client_of(request, fid)
 
 
 async def require_admin_or_client(
@@ -103,8 +114,7 @@ async def require_admin_or_client(
     _c: Annotated[Credentials, Depends(client_scheme)],
 ) -> Client | None:
     """Routes both sides use: None for the admin, else the authenticated client."""
-    app = request.app
-    return await authorize_client(request, Scope.ADMIN_OR_CLIENT, app.state.settings, app.state.service, fid)
+    return await admin_or_client_of(request, fid)
 
 
 async def require_enrolment(

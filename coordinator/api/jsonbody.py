@@ -17,6 +17,7 @@ from typing import Any
 
 from fastapi import HTTPException, Request, Response
 from fastapi.routing import APIRoute
+from fedprompt.coordinator.api.fastpath import fast_path_of
 from fedprompt.shared import jsonlimits
 from fedprompt.shared.logs import bind_route_context
 
@@ -37,15 +38,20 @@ class BoundedJSONRequest(Request):
 
 
 class BoundedJSONRoute(APIRoute):
-    """The coordinator's route class: the request body's JSON parsed by BoundedJSONRequest, and the
+    """The coordinator's route class: the request body's JSON parsed by BoundedJSONRequest, the
     path's ids bound into the log context before any dependency runs (here rather than as an
-    app-wide dependency, which FastAPI would solve anew on every request)."""
+    app-wide dependency, which FastAPI would solve anew on every request), and a request offered to
+    the endpoint's fast path first where it has one (fastpath.py)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        self.fast_path = fast_path_of(self.endpoint)
 
         async def bounded(request: Request) -> Response:
             bind_route_context(request.path_params)
+            fast = self.fast_path
+            if fast is not None and (response := await fast(request)) is not None:
+                return response
             return await handler(BoundedJSONRequest(request.scope, request.receive))
 
         return bounded

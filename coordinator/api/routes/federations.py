@@ -8,7 +8,8 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from fedprompt.coordinator.api.body import SAFETENSORS_BODY, read_limited_body, upload_ticket
-from fedprompt.coordinator.api.deps import AdminDep, EitherDep, ServiceDep, SettingsDep
+from fedprompt.coordinator.api.deps import AdminDep, EitherDep, ServiceDep, SettingsDep, admin_or_client_of
+from fedprompt.coordinator.api.fastpath import fast_path, plain_id
 from fedprompt.coordinator.api.jsonbody import BoundedJSONRoute
 from fedprompt.coordinator.api.problems import API_ERRORS, problem_responses
 from fedprompt.coordinator.api.schemas import (
@@ -20,7 +21,8 @@ from fedprompt.coordinator.api.schemas import (
     VersionPath,
 )
 from fedprompt.coordinator.hosting.paths import FEDERATIONS, INITIAL_PROMPT
-from fedprompt.coordinator.persistence.db import MAX_ID
+from fedprompt.coordinator.persistence.db import MAX_ID, Client
+from fedprompt.coordinator.service import Coordinator
 
 router = APIRouter(
     prefix=FEDERATIONS, tags=["federations"], responses=API_ERRORS, route_class=BoundedJSONRoute
@@ -28,6 +30,30 @@ router = APIRouter(
 
 # The prompt download first: a request is matched against the routes in order, and every worker
 # fetches each new version.
+
+
+async def _prompt_response(
+    request: Request, service: Coordinator, fid: int, version: str, who: Client | None
+) -> Response:
+    # a version held in memory is answered here; one that needs the database, in a thread
+    pv = service.tasks.cached_prompt(fid, version, client=who)
+    if pv is None:
+        pv = await run_in_threadpool(service.tasks.get_prompt, fid, version, client=who)
+    etag = f'"{pv.sha256}"'
+    headers = {"ETag": etag, "X-Prompt-Version": str(pv.version), "X-Prompt-Sha256": pv.sha256}
+    if request.headers.get("if-none-match") == etag:
+        return Response(status_code=304, headers=headers)
+    return Response(pv.blob, media_type="application/octet-stream", headers=headers)
+
+
+async def _prompt_fast(request: Request) -> Response | None:
+    """The prompt download with plainly valid parameters (fastpath.py)."""
+    fid = plain_id(request.path_params["fid"])
+    version = request.path_params["version"]
+    if fid is None or not (version in ("latest", "best") or plain_id(version) is not None):
+        return None
+    who = await admin_or_client_of(request, fid)
+    return await _prompt_response(request, request.app.state.service, fid, version, who)
 
 
 @router.get(
@@ -38,19 +64,12 @@ router = APIRouter(
         304: {"description": "the version named by If-None-Match is current (no body)"},
     },
 )
+@fast_path(_prompt_fast)
 async def get_prompt(
     fid: IdPath, version: VersionPath, service: ServiceDep, who: EitherDep, request: Request
 ) -> Response:
     """A global prompt version ('latest' or a number) as safetensors; ETag is its sha256."""
-    # a version held in memory is answered here; one that needs the database, in a thread
-    pv = service.tasks.cached_prompt(fid, version, client=who)
-    if pv is None:
-        pv = await run_in_threadpool(service.tasks.get_prompt, fid, version, client=who)
-    etag = f'"{pv.sha256}"'
-    headers = {"ETag": etag, "X-Prompt-Version": str(pv.version), "X-Prompt-Sha256": pv.sha256}
-    if request.headers.get("if-none-match") == etag:
-        return Response(status_code=304, headers=headers)
-    return Response(pv.blob, media_type="application/octet-stream", headers=headers)
+    return await _prompt_response(request, service, fid, version, who)
 
 
 @router.post("", status_code=201, dependencies=[AdminDep], response_model=FederationStatus)

@@ -15,8 +15,11 @@ from fedprompt.coordinator.api.deps import (
     SettingsDep,
     TaskPollDep,
     UploadThreadsDep,
+    client_of,
 )
+from fedprompt.coordinator.api.fastpath import fast_path, plain_id, plain_seconds
 from fedprompt.coordinator.api.jsonbody import BoundedJSONRoute
+from fedprompt.coordinator.api.longpoll import TaskPoll
 from fedprompt.coordinator.api.problems import API_ERRORS, problem_responses
 from fedprompt.coordinator.api.schemas import (
     EvaluationReport,
@@ -29,6 +32,7 @@ from fedprompt.coordinator.api.schemas import (
     UploadReceipt,
 )
 from fedprompt.coordinator.hosting.paths import FEDERATION, UPDATE
+from fedprompt.coordinator.persistence.db import Client
 
 router = APIRouter(prefix=FEDERATION, tags=["rounds"], responses=API_ERRORS, route_class=BoundedJSONRoute)
 
@@ -36,22 +40,39 @@ router = APIRouter(prefix=FEDERATION, tags=["rounds"], responses=API_ERRORS, rou
 # nearly every request of a running federation.
 
 
+MAX_WAIT_S = 300.0  # the most a task poll's `wait` may ask (the coordinator caps it further)
+
+
+async def _task_response(poll: TaskPoll, fid: int, client: Client, wait: float) -> Response:
+    found = await poll.next_task(fid, client, wait)
+    if found is None:
+        return Response(status_code=204, headers={"Retry-After": "1"})
+    return JSONResponse(found)
+
+
+async def _task_fast(request: Request) -> Response | None:
+    """The task poll with plainly valid parameters (fastpath.py)."""
+    fid = plain_id(request.path_params["fid"])
+    wait = plain_seconds(request, "wait", default=0.0, most=MAX_WAIT_S)
+    if fid is None or wait is None:
+        return None
+    return await _task_response(request.app.state.task_poll, fid, await client_of(request, fid), wait)
+
+
 @router.get(
     "/task",
     response_model=Task,
     responses={204: {"description": "nothing to do yet; poll again after Retry-After"}},
 )
+@fast_path(_task_fast)
 async def task(
     fid: IdPath,
     client: ClientDep,
     poll: TaskPollDep,
-    wait: float = Query(0, ge=0, le=300, description="Long-poll for up to this many seconds."),
+    wait: float = Query(0, ge=0, le=MAX_WAIT_S, description="Long-poll for up to this many seconds."),
 ) -> Response:
     """The client's next task (evaluate / train / done), long-polling up to `wait` seconds."""
-    found = await poll.next_task(fid, client, wait)
-    if found is None:
-        return Response(status_code=204, headers={"Retry-After": "1"})
-    return JSONResponse(found)
+    return await _task_response(poll, fid, client, wait)
 
 
 @router.post(

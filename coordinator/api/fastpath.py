@@ -1,0 +1,66 @@
+"""The two requests a running federation is mostly made of, answered without FastAPI's per-request
+dependency solving when their parameters are plainly valid.
+
+A thousand workers' federation is some 40 % task polls and 20 % prompt downloads (BENCHMARKS.md §2),
+and a profile under that load put FastAPI's `solve_dependencies` at about a fifth of the
+coordinator's CPU: for each request it solves the route's dependency tree anew and validates every
+parameter through pydantic. A route marked with `fast_path(fn)` first offers its request to `fn`,
+which reads the path and query parameters itself and returns a response, or None when a parameter
+is anything but the plain form (then FastAPI's own handler validates it and answers as always). The
+route stays the documented one (OpenAPI, matching, middleware, exception handlers are unchanged);
+the fast path calls the same authorisation (`authorize_client`) and the same code after it as the
+route's endpoint, so what a caller may do and every refusal are the same either way
+(tests/coordinator/test_fastpath.py asks both with the same requests).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from fastapi import Request, Response
+from fedprompt.coordinator.persistence.db import MAX_ID
+
+FastPath = Callable[[Request], Awaitable[Response | None]]
+Endpoint = TypeVar("Endpoint", bound=Callable[..., object])
+
+FAST_PATH_ATTRIBUTE = "__fast_path__"
+# A long-poll wait as a worker writes it: up to three digits and an optional fraction (the route's
+# Query takes 0 to 300; anything else, 1e2 included, goes to FastAPI's validation).
+_PLAIN_SECONDS = re.compile(r"[0-9]{1,3}(?:\.[0-9]{1,6})?")
+
+
+def fast_path(fn: FastPath) -> Callable[[Endpoint], Endpoint]:
+    """Mark a route's endpoint: its requests are offered to `fn` first (BoundedJSONRoute)."""
+
+    def mark(endpoint: Endpoint) -> Endpoint:
+        setattr(endpoint, FAST_PATH_ATTRIBUTE, fn)
+        return endpoint
+
+    return mark
+
+
+def fast_path_of(endpoint: Callable[..., object]) -> FastPath | None:
+    """The fast path a route's endpoint was marked with, if any."""
+    return getattr(endpoint, FAST_PATH_ATTRIBUTE, None)
+
+
+def plain_id(text: str) -> int | None:
+    """A path id in the form IdPath takes (1 to 10 ASCII digits, at most MAX_ID), else None."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 10):
+        return None
+    value = int(text)
+    return value if value <= MAX_ID else None
+
+
+def plain_seconds(request: Request, name: str, *, default: float, most: float) -> float | None:
+    """A query parameter of seconds in its plain form within [0, most], `default` when absent, else
+    None (absent from a query string that has others of the same name, a second value, an exponent)."""
+    values = request.query_params.getlist(name)
+    if not values:
+        return default
+    if len(values) > 1 or not _PLAIN_SECONDS.fullmatch(values[0]):
+        return None
+    value = float(values[0])
+    return value if value <= most else None
