@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from fastapi import Request, Response
+from fastapi import HTTPException, Request, Response
 from fedprompt.coordinator.persistence.db import MAX_ID
+from pydantic import BaseModel, ValidationError
 
 FastPath = Callable[[Request], Awaitable[Response | None]]
 Endpoint = TypeVar("Endpoint", bound=Callable[..., object])
+Model = TypeVar("Model", bound=BaseModel)
 
 FAST_PATH_ATTRIBUTE = "__fast_path__"
 # A long-poll wait as a worker writes it: up to three digits and an optional fraction (the route's
@@ -64,3 +66,24 @@ def plain_seconds(request: Request, name: str, *, default: float, most: float) -
         return None
     value = float(values[0])
     return value if value <= most else None
+
+
+async def plain_json_body(request: Request, model: type[Model]) -> Model | None:
+    """The request's body as `model` when it is sent as application/json and is valid, else None.
+
+    FastAPI reads the body before it solves any dependency and answers a body it cannot read or
+    validate itself; None leaves that to it (the body read here is kept on the request, so FastAPI's
+    handler reads the same bytes). An HTTPException while reading or parsing (the body middleware's
+    413 and 429, jsonlimits' 400) is raised as FastAPI's handler raises it, before any dependency."""
+    if request.headers.get("content-type") != "application/json":
+        return None
+    try:
+        payload: Any = await request.json()
+    except HTTPException:
+        raise
+    except Exception:  # not JSON, or the client went: FastAPI's handler answers it as always
+        return None
+    try:
+        return model.model_validate(payload)
+    except ValidationError:
+        return None

@@ -49,9 +49,11 @@ class BoundedJSONRoute(APIRoute):
 
         async def bounded(request: Request) -> Response:
             bind_route_context(request.path_params)
+            bounded_request = BoundedJSONRequest(request.scope, request.receive)
             fast = self.fast_path
-            if fast is not None and (response := await fast(request)) is not None:
+            # one request object for both: a body the fast path read is FastAPI's to read again
+            if fast is not None and (response := await fast(bounded_request)) is not None:
                 return response
-            return await handler(BoundedJSONRequest(request.scope, request.receive))
+            return await handler(bounded_request)
 
         return bounded

@@ -3,7 +3,9 @@ every request as FastAPI's own handler of the same route does, and take the plai
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -47,82 +49,135 @@ def world(tmp_path: Path) -> Iterator[dict[str, Any]]:
             for r in module.router.routes
             if isinstance(r, BoundedJSONRoute) and r.fast_path is not None
         ]
-        yield {"api": api, "fid": fid, "client": clients[0]["token"], "stranger": strangers[0]["token"], "idle": idle,
+        yield {"api": api, "fid": fid, "client": clients[0]["token"], "second": clients[1]["token"], "stranger": strangers[0]["token"], "idle": idle,
                "other": other, "routes": routes}  # fmt: skip
 
 
-def _requests(w: dict[str, Any]) -> list[tuple[str, dict[str, str], bool]]:
-    """(path, headers, plain: the fast path answers it)."""
+def _requests(w: dict[str, Any]) -> list[tuple[str, str, dict[str, str], bytes | None, bool]]:
+    """(method, path, headers, body, plain: the fast path answers it, or raises its refusal); none
+    changes the world (the valid report is its own test below)."""
     fid, me, admin = w["fid"], {"Authorization": f"Bearer {w['client']}"}, ADMIN_AUTH
     stranger, wrong = {"Authorization": f"Bearer {w['stranger']}"}, {"Authorization": "Bearer fpc_nope"}
-    base = f"/api/v1/federations/{fid}"
+    idle = {"Authorization": f"Bearer {w['idle']}"}
+    base, report = f"/api/v1/federations/{fid}", f"/api/v1/federations/{fid}/rounds/0/evaluation"
+    good = json.dumps({"num_samples": 5, "accuracy": 0.5}).encode()
+    as_json = {"Content-Type": "application/json"}
     return [
-        (f"{base}/task", me, True),
-        (f"{base}/task?wait=0", me, True),
-        (f"{base}/task?wait=0.05", me, True),
-        (f"{base}/task", {}, True),
-        (f"{base}/task", wrong, True),
-        (f"{base}/task", stranger, True),
-        (f"{base}/task", admin, True),
-        (f"/api/v1/federations/{w['other']}/task", me, True),
-        (f"/api/v1/federations/{w['other']}/task?wait=0.05", {"Authorization": f"Bearer {w['idle']}"}, True),
-        (f"/api/v1/federations/{2**31}/task", me, False),
-        ("/api/v1/federations/01x/task", me, False),
-        (f"{base}/task?wait=301", me, False),
-        (f"{base}/task?wait=-1", me, False),
-        (f"{base}/task?wait=1e1", me, False),
-        (f"{base}/task?wait=abc", {}, False),
-        (f"{base}/task?wait=0&wait=1", me, False),
-        (f"{base}/prompts/0", me, True),
-        (f"{base}/prompts/latest", me, True),
-        (f"{base}/prompts/best", admin, True),
-        (f"{base}/prompts/0", admin, True),
-        (f"{base}/prompts/7", me, True),
-        (f"{base}/prompts/0", stranger, True),
-        (f"{base}/prompts/0", {}, True),
-        (f"{base}/prompts/0", wrong, True),
-        (f"{base}/prompts/{2**31}", me, False),
-        (f"{base}/prompts/first", me, False),
-        (f"{base}/prompts/-1", admin, False),
+        ("GET", f"{base}/task", me, None, True),
+        ("GET", f"{base}/task?wait=0", me, None, True),
+        ("GET", f"{base}/task?wait=0.05", me, None, True),
+        ("GET", f"{base}/task", {}, None, True),
+        ("GET", f"{base}/task", wrong, None, True),
+        ("GET", f"{base}/task", stranger, None, True),
+        ("GET", f"{base}/task", admin, None, True),
+        ("GET", f"/api/v1/federations/{w['other']}/task", me, None, True),
+        ("GET", f"/api/v1/federations/{w['other']}/task?wait=0.05", idle, None, True),
+        ("GET", f"/api/v1/federations/{2**31}/task", me, None, False),
+        ("GET", "/api/v1/federations/01x/task", me, None, False),
+        ("GET", f"{base}/task?wait=301", me, None, False),
+        ("GET", f"{base}/task?wait=-1", me, None, False),
+        ("GET", f"{base}/task?wait=1e1", me, None, False),
+        ("GET", f"{base}/task?wait=abc", {}, None, False),
+        ("GET", f"{base}/task?wait=0&wait=1", me, None, False),
+        ("GET", f"{base}/prompts/0", me, None, True),
+        ("GET", f"{base}/prompts/latest", me, None, True),
+        ("GET", f"{base}/prompts/best", admin, None, True),
+        ("GET", f"{base}/prompts/0", admin, None, True),
+        ("GET", f"{base}/prompts/7", me, None, True),
+        ("GET", f"{base}/prompts/0", stranger, None, True),
+        ("GET", f"{base}/prompts/0", {}, None, True),
+        ("GET", f"{base}/prompts/0", wrong, None, True),
+        ("GET", f"{base}/prompts/{2**31}", me, None, False),
+        ("GET", f"{base}/prompts/first", me, None, False),
+        ("GET", f"{base}/prompts/-1", admin, None, False),
+        ("POST", report, {**wrong, **as_json}, good, True),
+        ("POST", report, {**stranger, **as_json}, good, True),
+        ("POST", report, as_json, good, True),
+        (
+            "POST",
+            report,
+            {**me, **as_json},
+            json.dumps({"num_samples": 5, "accuracy": 0.5, "version": 9}).encode(),
+            True,
+        ),
+        ("POST", report, {**me, **as_json}, b'{"num_samples": 0, "accuracy": 2}', False),
+        ("POST", report, {**me, **as_json}, b'{"num_samples": "5", "accuracy": 0.5}', False),
+        ("POST", report, {**me, **as_json}, b'{"num_samples": 5, "accuracy": 0.5, "extra": 1}', False),
+        ("POST", report, {**wrong, **as_json}, b"{not json", False),
+        ("POST", report, {**me, **as_json}, b"[" * 100 + b"]" * 100, True),  # jsonlimits: 400, raised
+        ("POST", report, {**me, **as_json}, b"", False),
+        ("POST", report, {**me, "Content-Type": "text/plain"}, good, False),
+        ("POST", report, me, good, False),
+        ("POST", report.replace("/0/", "/x/"), {**me, **as_json}, good, False),
     ]
 
 
-def _answer(api: TestClient, path: str, headers: dict[str, str]) -> tuple[int, bytes, dict[str, str]]:
-    r = api.get(path, headers=headers)
+def _answer(
+    api: TestClient, method: str, path: str, headers: dict[str, str], body: bytes | None
+) -> tuple[int, bytes, dict[str, str]]:
+    r = api.request(method, path, headers=headers, content=body)
     kept = {k: v for k, v in r.headers.items() if k.lower() not in ("x-request-id", "date", "content-length")}
     return r.status_code, r.content, kept
+
+
+@contextmanager
+def _fast_paths(routes: list[BoundedJSONRoute], taken: list[bool] | None) -> Iterator[None]:
+    """The routes' fast paths spied on (`taken`: True for each answer, False for each hand-over to
+    FastAPI), or switched off (None); restored after (the routes are module-level)."""
+    kept = [(r, r.fast_path) for r in routes]
+    try:
+        for route, fn in kept:
+
+            async def spy(request: Any, fn: Any = fn) -> Any:
+                answer = await fn(request)
+                assert taken is not None
+                taken.append(answer is not None)
+                return answer
+
+            route.fast_path = None if taken is None else spy
+        yield
+    finally:
+        for route, fn in kept:
+            route.fast_path = fn
 
 
 def test_the_fast_paths_answer_as_fastapi_does_and_take_the_plain_requests(world: dict[str, Any]) -> None:
     api, routes = world["api"], world["routes"]
     assert sorted(r.path for r in routes) == [
         "/api/v1/federations/{fid}/prompts/{version}",
+        "/api/v1/federations/{fid}/rounds/{number}/evaluation",
         "/api/v1/federations/{fid}/task",
     ]
-    taken: list[bool] = []
-    fast = [(r, r.fast_path) for r in routes]  # module-level routes: restored below
-    try:
-        for route, fn in fast:
-
-            async def spy(request: Any, fn: Any = fn) -> Any:
-                answer = await fn(request)
-                taken.append(answer is not None)
-                return answer
-
-            route.fast_path = spy
-        requests = _requests(world)
-        with_fast = [_answer(api, p, h) for p, h, _ in requests]
-        for route, _ in fast:
-            route.fast_path = None
-        without = [_answer(api, p, h) for p, h, _ in requests]
-    finally:
-        for route, fn in fast:
-            route.fast_path = fn
-    for (path, headers, _), a, b in zip(requests, with_fast, without, strict=True):
-        assert a == b, (path, headers, a, b)
-    assert {s for s, _, _ in with_fast} >= {200, 204, 401, 403, 404, 422}
+    requests, taken = _requests(world), []
+    with _fast_paths(routes, taken):
+        with_fast = [_answer(api, *r[:4]) for r in requests]
+    with _fast_paths(routes, None):
+        without = [_answer(api, *r[:4]) for r in requests]
+    for request, a, b in zip(requests, with_fast, without, strict=True):
+        assert a == b, (request, a, b)
+    assert {s for s, _, _ in with_fast} >= {200, 204, 400, 401, 403, 404, 422}
     # a plain request the fast path refuses raises (the same problem FastAPI's handler answers), so
     # `taken` holds True for each plain one answered and False for each other one handed on
-    plain = [status for (_, _, is_plain), (status, _, _) in zip(requests, with_fast, strict=True) if is_plain]
-    assert taken.count(True) == sum(1 for status in plain if status < 400)
+    plain = sum(1 for *_, is_plain in requests if is_plain)
+    answered = sum(1 for r, (s, _, _) in zip(requests, with_fast, strict=True) if r[-1] and s < 400)
+    assert taken.count(True) == answered and 0 < answered < plain
     assert taken.count(False) == sum(1 for *_, is_plain in requests if not is_plain)
+
+
+def test_a_report_is_stored_alike_either_way(world: dict[str, Any]) -> None:
+    api, fid = world["api"], world["fid"]
+    body = json.dumps({"num_samples": 5, "accuracy": 0.5, "metrics": {"macro_f1": 0.4}}).encode()
+    path = f"/api/v1/federations/{fid}/rounds/0/evaluation"
+    answers = []
+    for token, taken in ((world["client"], []), (world["second"], None)):
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        with _fast_paths(world["routes"], taken):
+            answers.append([_answer(api, "POST", path, headers, body) for _ in range(2)])
+        assert taken is None or taken == [True, True]
+    assert answers[0] == answers[1]
+    assert [(s, json.loads(b)) for s, b, _ in answers[0]] == [
+        (201, {"version": 0, "stored": True}),
+        (200, {"version": 0, "stored": False}),
+    ]
+    sites = api.get(f"/api/v1/federations/{fid}/evaluations/0/sites", headers=ADMIN_AUTH).json()
+    assert sorted(site["num_samples"] for site in sites["sites"]) == [5, 5]

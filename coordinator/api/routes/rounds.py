@@ -17,7 +17,7 @@ from fedprompt.coordinator.api.deps import (
     UploadThreadsDep,
     client_of,
 )
-from fedprompt.coordinator.api.fastpath import fast_path, plain_id, plain_seconds
+from fedprompt.coordinator.api.fastpath import fast_path, plain_id, plain_json_body, plain_seconds
 from fedprompt.coordinator.api.jsonbody import BoundedJSONRoute
 from fedprompt.coordinator.api.longpoll import TaskPoll
 from fedprompt.coordinator.api.problems import API_ERRORS, problem_responses
@@ -33,6 +33,7 @@ from fedprompt.coordinator.api.schemas import (
 )
 from fedprompt.coordinator.hosting.paths import FEDERATION, UPDATE
 from fedprompt.coordinator.persistence.db import Client
+from fedprompt.coordinator.service import Coordinator
 
 router = APIRouter(prefix=FEDERATION, tags=["rounds"], responses=API_ERRORS, route_class=BoundedJSONRoute)
 
@@ -75,19 +76,35 @@ async def task(
     return await _task_response(poll, fid, client, wait)
 
 
+async def _report_response(
+    service: Coordinator, fid: int, number: int, report: EvaluationReport, client: Client
+) -> JSONResponse:
+    version = number if report.version is None else report.version
+    created = await service.uploads.report_evaluation(fid, version, client, report.model_dump())
+    return JSONResponse({"version": version, "stored": created}, status_code=201 if created else 200)
+
+
+async def _report_fast(request: Request) -> Response | None:
+    """The evaluation report with plainly valid parameters and a valid JSON body (fastpath.py)."""
+    fid, number = plain_id(request.path_params["fid"]), plain_id(request.path_params["number"])
+    if fid is None or number is None or (report := await plain_json_body(request, EvaluationReport)) is None:
+        return None
+    client = await client_of(request, fid)
+    return await _report_response(request.app.state.service, fid, number, report, client)
+
+
 @router.post(
     "/rounds/{number}/evaluation",
     status_code=201,
     response_model=EvaluationStored,
     responses={200: {"description": "already reported", "model": EvaluationStored}},
 )
+@fast_path(_report_fast)
 async def report_evaluation(
     fid: IdPath, number: IdPath, report: EvaluationReport, client: ClientDep, service: ServiceDep
 ) -> JSONResponse:
     """Report the evaluation of the prompt produced by round `number` (0: the initial prompt)."""
-    version = number if report.version is None else report.version
-    created = await service.uploads.report_evaluation(fid, version, client, report.model_dump())
-    return JSONResponse({"version": version, "stored": created}, status_code=201 if created else 200)
+    return await _report_response(service, fid, number, report, client)
 
 
 @router.put(
