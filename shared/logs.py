@@ -20,10 +20,10 @@ from __future__ import annotations
 import json
 import logging
 import re
+import secrets
 import sys
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Annotated, Any, Literal, TextIO
@@ -49,6 +49,7 @@ LogFormatOption = Annotated[
 ]
 
 REQUEST_ID_HEADER = "x-request-id"
+_REQUEST_ID_KEY = REQUEST_ID_HEADER.encode()
 # A caller's request id is kept only when it cannot be a credential: a UUID (with or without dashes)
 # or a short label of at most 20 characters. Every token and session id this project issues is longer
 # (22+ random characters), so a cookie or bearer token pasted into X-Request-ID is never logged.
@@ -386,7 +387,7 @@ def request_id_from(value: str | None) -> str:
     a credential), else a fresh one."""
     if value and _VALID_REQUEST_ID.match(value):
         return value
-    return uuid.uuid4().hex
+    return secrets.token_hex(16)  # 32 hex digits, as a UUID's hex (uuid4 costs a UUID object)
 
 
 _PATH_ID = re.compile(r"[0-9]{1,10}")  # ASCII digits only: str.isdigit() also takes '²', int() does not
@@ -425,8 +426,7 @@ class RequestContextMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope.get("headers") or [])
-        raw = headers.get(REQUEST_ID_HEADER.encode())
+        raw = next((v for k, v in scope.get("headers") or () if k.lower() == _REQUEST_ID_KEY), None)
         request_id = request_id_from(raw.decode("latin-1") if raw else None)
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(request_id=request_id)
@@ -438,8 +438,8 @@ class RequestContextMiddleware:
                 status["code"] = int(message["status"])
                 message.setdefault("headers", [])
                 message["headers"] = [
-                    (k, v) for k, v in message["headers"] if k.lower() != REQUEST_ID_HEADER.encode()
-                ] + [(REQUEST_ID_HEADER.encode(), request_id.encode())]
+                    (k, v) for k, v in message["headers"] if k.lower() != _REQUEST_ID_KEY
+                ] + [(_REQUEST_ID_KEY, request_id.encode())]
             await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 status["end"] = time.perf_counter()  # background tasks run after the response

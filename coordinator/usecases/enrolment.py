@@ -105,6 +105,7 @@ class Enrolment:
                 enrolled_at=now,
                 last_seen_at=now,
                 tls_fingerprint=tls_fingerprint,
+                revoked_at=None,  # loaded, not expired: the authentication cache reads it
             )
             s.add(client)
             s.flush()
@@ -114,6 +115,8 @@ class Enrolment:
             self.store.event(s, fid, "client_enrolled", message)
             if fed.state == FederationState.WAITING and spec.auto_advance:
                 self.cycle.advance(s, fed, manual=False)
+        # committed: the new client's first requests need no lookup of the token it was just given
+        self._remember(client.token_hash, client)
         return client, client_token
 
     def state_model_parameters(self, client: Client, stated: int) -> int | None:
@@ -146,10 +149,8 @@ class Enrolment:
             digest = hash_token(token)
             with self.store.sessions() as s:
                 client = s.scalars(select(Client).where(Client.token_hash == digest)).first()
-            if client is not None and client.revoked_at is None and self.auth_cache_s > 0:
-                if len(self._auth) >= AUTH_CACHE_MAX_ENTRIES:
-                    self._auth.clear()
-                self._auth[digest] = (time.monotonic(), client)
+            if client is not None and client.revoked_at is None:
+                self._remember(digest, client)
         if client is None:
             raise Unauthorized("unknown client token; enrol again with an enrolment token")
         if client.federation_id != fid:
@@ -157,6 +158,13 @@ class Enrolment:
         if client.revoked_at is not None:
             raise revoked_client(client.id)
         return client
+
+    def _remember(self, digest: str, client: Client) -> None:
+        """Cache an active client under its token's digest (see __init__)."""
+        if self.auth_cache_s > 0:
+            if len(self._auth) >= AUTH_CACHE_MAX_ENTRIES:
+                self._auth.clear()
+            self._auth[digest] = (time.monotonic(), client)
 
     def heartbeat_due(self, client: Client) -> bool:
         """Whether a poll should record the client as seen (not when it was, moments ago: availability

@@ -350,3 +350,18 @@ def test_a_held_version_is_served_without_a_query_and_counts_a_participants_down
         store.lock_federation(s, fid).updated_at = store.clock() + 1
     assert tasks.cached_prompt(fid, "0", client=b) is None
     assert tasks.cached_prompt(fid, "0", client=None) is pv  # the admin's download counts nothing
+
+
+def test_a_client_just_enrolled_is_authenticated_without_a_lookup_until_revoked(service: Coordinator) -> None:
+    spec = FederationSpec.model_validate({**SMALL_SPEC, "min_clients": 2})
+    fid = service.federations.create_federation(spec).id
+    token, _ = service.enrolment.create_enrollment_token(fid)
+    client, client_token = service.enrolment.enroll(fid, token, name="new", num_samples=5, info={})
+    with _statements(service) as seen:
+        assert service.enrolment.authenticate_client(fid, client_token).id == client.id
+        with pytest.raises(Forbidden, match="belongs to federation"):
+            service.enrolment.authenticate_client(fid + 1, client_token)
+    assert seen == []  # the enrolment cached the token it gave out
+    service.enrolment.revoke_client(fid, client.id)
+    with pytest.raises(Forbidden, match="revoked"):
+        service.enrolment.authenticate_client(fid, client_token)
