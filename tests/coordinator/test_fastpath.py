@@ -18,7 +18,7 @@ from fedprompt.coordinator.app import create_app
 from fedprompt.coordinator.config import Settings
 from fedprompt.coordinator.persistence.migrate import upgrade
 
-from tests.helpers import ADMIN, ADMIN_AUTH, SMALL_SPEC, federation_with_clients
+from tests.helpers import ADMIN, ADMIN_AUTH, SMALL_SPEC, federation_with_clients, update_blob
 
 
 def test_plain_ids_are_ascii_digits_within_the_id_range() -> None:
@@ -62,6 +62,7 @@ def _requests(w: dict[str, Any]) -> list[tuple[str, str, dict[str, str], bytes |
     base, report = f"/api/v1/federations/{fid}", f"/api/v1/federations/{fid}/rounds/0/evaluation"
     good = json.dumps({"num_samples": 5, "accuracy": 0.5}).encode()
     as_json = {"Content-Type": "application/json"}
+    update, blob = f"{base}/rounds/1/update", update_blob({**SMALL_SPEC, "min_clients": 2}, 1, base_version=0)
     return [
         ("GET", f"{base}/task", me, None, True),
         ("GET", f"{base}/task?wait=0", me, None, True),
@@ -109,6 +110,13 @@ def _requests(w: dict[str, Any]) -> list[tuple[str, str, dict[str, str], bytes |
         ("POST", report, {**me, "Content-Type": "text/plain"}, good, False),
         ("POST", report, me, good, False),
         ("POST", report.replace("/0/", "/x/"), {**me, **as_json}, good, False),
+        ("PUT", update, wrong, blob, True),
+        ("PUT", update, stranger, blob, True),
+        ("PUT", update, {}, blob, True),
+        ("PUT", update, me, b"not safetensors", True),
+        ("PUT", update.replace("/1/", "/7/"), me, blob, True),
+        ("PUT", update.replace("/1/", "/01.0/"), me, blob, False),
+        ("PUT", update.replace(f"/{fid}/", f"/{2**31}/"), me, blob, False),
     ]
 
 
@@ -146,6 +154,7 @@ def test_the_fast_paths_answer_as_fastapi_does_and_take_the_plain_requests(world
     assert sorted(r.path for r in routes) == [
         "/api/v1/federations/{fid}/prompts/{version}",
         "/api/v1/federations/{fid}/rounds/{number}/evaluation",
+        "/api/v1/federations/{fid}/rounds/{number}/update",
         "/api/v1/federations/{fid}/task",
     ]
     requests, taken = _requests(world), []
@@ -181,3 +190,27 @@ def test_a_report_is_stored_alike_either_way(world: dict[str, Any]) -> None:
     ]
     sites = api.get(f"/api/v1/federations/{fid}/evaluations/0/sites", headers=ADMIN_AUTH).json()
     assert sorted(site["num_samples"] for site in sites["sites"]) == [5, 5]
+
+
+def test_uploads_are_stored_alike_either_way_and_the_last_one_closes_the_round(world: dict[str, Any]) -> None:
+    api, fid = world["api"], world["fid"]
+    path = f"/api/v1/federations/{fid}/rounds/1/update"
+    answers = []
+    for seed, (token, taken) in enumerate(((world["client"], None), (world["second"], [])), start=1):
+        blob = update_blob({**SMALL_SPEC, "min_clients": 2}, seed, base_version=0)
+        with _fast_paths(world["routes"], taken):
+            answers.append(
+                [_answer(api, "PUT", path, {"Authorization": f"Bearer {token}"}, blob) for _ in range(2)]
+            )
+        assert taken is None or taken == [True, True]
+    for first, again in answers:  # accepted, then the identical re-upload
+        assert (first[0], again[0]) == (201, 200)
+        receipt = json.loads(first[1])
+        assert json.loads(again[1]) == receipt and receipt["round"] == 1
+    assert json.loads(answers[0][0][1]).keys() == json.loads(answers[1][0][1]).keys()
+    # the second upload (the fast path's) completed round 1: aggregated after its answer, round 2 open
+    rounds = api.get(f"/api/v1/federations/{fid}/rounds", headers=ADMIN_AUTH).json()
+    assert [(r["round"], r["state"], r["result_version"]) for r in rounds][:2] == [
+        (1, "closed", 1),
+        (2, "open", None),
+    ]

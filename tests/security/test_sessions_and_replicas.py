@@ -121,8 +121,10 @@ def test_a_revoked_clients_write_is_refused_by_a_replica_that_still_caches_it(
 def test_an_error_is_logged_once_without_locals_or_secrets(tmp_path: Path, pg_server: str) -> None:
     # A fault of the server, not of the input: a column the authentication reads is gone (Postgres
     # answers UndefinedColumn, a 500; a whole missing table is a 503 naming the migration). Its trace
-    # used to carry every frame's locals: the tokens.
-    with database("postgres", tmp_path, pg_server) as db, serve(db, tmp_path) as server:
+    # used to carry every frame's locals: the tokens. No authentication cache: every poll looks the
+    # token up (an enrolment caches the token it gives out, which would spare the lookup).
+    no_cache = {"FEDPROMPT_AUTH_CACHE_S": "0"}
+    with database("postgres", tmp_path, pg_server) as db, serve(db, tmp_path, no_cache) as server:
         fid, enrol, clients = populate(server.url)
         token = clients[0]["token"]
         engine = create_engine(db)

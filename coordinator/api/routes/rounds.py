@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import anyio.to_thread
-from fastapi import APIRouter, BackgroundTasks, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from fedprompt.coordinator.api.body import SAFETENSORS_BODY, read_limited_body, upload_ticket
 from fedprompt.coordinator.api.deps import (
@@ -31,9 +32,11 @@ from fedprompt.coordinator.api.schemas import (
     Task,
     UploadReceipt,
 )
+from fedprompt.coordinator.config import Settings
 from fedprompt.coordinator.hosting.paths import FEDERATION, UPDATE
 from fedprompt.coordinator.persistence.db import Client
 from fedprompt.coordinator.service import Coordinator
+from starlette.background import BackgroundTask
 
 router = APIRouter(prefix=FEDERATION, tags=["rounds"], responses=API_ERRORS, route_class=BoundedJSONRoute)
 
@@ -107,6 +110,40 @@ async def report_evaluation(
     return await _report_response(service, fid, number, report, client)
 
 
+async def _upload_response(
+    request: Request,
+    service: Coordinator,
+    settings: Settings,
+    threads: anyio.CapacityLimiter,
+    fid: int,
+    number: int,
+    client: Client,
+) -> JSONResponse:
+    # held from the first byte until stored: capped per client in number and bytes (429 past either)
+    with upload_ticket(request, client.id) as ticket:
+        body = await read_limited_body(request, settings.max_upload_bytes, ticket)
+        # uploads have threads of their own, see Settings.upload_threads
+        result = await anyio.to_thread.run_sync(
+            service.uploads.upload, fid, number, client, body, limiter=threads
+        )
+    # this upload's batch completed the round: aggregate it once the answer is sent
+    after = BackgroundTask(service.cycle.after_upload, fid) if result.round_complete else None
+    return JSONResponse(
+        result.receipt().model_dump(), status_code=201 if result.created else 200, background=after
+    )
+
+
+async def _upload_fast(request: Request) -> Response | None:
+    """The upload with plain ids (fastpath.py); the body is read and checked as the route does."""
+    fid, number = plain_id(request.path_params["fid"]), plain_id(request.path_params["number"])
+    if fid is None or number is None:
+        return None
+    state = request.app.state
+    client = await client_of(request, fid)
+    threads = state.upload_threads.get()
+    return await _upload_response(request, state.service, state.settings, threads, fid, number, client)
+
+
 @router.put(
     UPDATE,
     responses={
@@ -129,6 +166,7 @@ async def report_evaluation(
     response_model=UploadReceipt,
     openapi_extra=SAFETENSORS_BODY,
 )
+@fast_path(_upload_fast)
 async def upload(
     fid: IdPath,
     number: IdPath,
@@ -137,19 +175,9 @@ async def upload(
     service: ServiceDep,
     settings: SettingsDep,
     threads: UploadThreadsDep,
-    background: BackgroundTasks,
 ) -> JSONResponse:
     """Upload a trained prompt (safetensors body; metadata carries num_samples and metrics)."""
-    # held from the first byte until stored: capped per client in number and bytes (429 past either)
-    with upload_ticket(request, client.id) as ticket:
-        body = await read_limited_body(request, settings.max_upload_bytes, ticket)
-        # uploads have threads of their own, see Settings.upload_threads
-        result = await anyio.to_thread.run_sync(
-            service.uploads.upload, fid, number, client, body, limiter=threads
-        )
-    if result.round_complete:  # this upload's batch completed the round: aggregate it now
-        background.add_task(service.cycle.after_upload, fid)
-    return JSONResponse(result.receipt().model_dump(), status_code=201 if result.created else 200)
+    return await _upload_response(request, service, settings, threads, fid, number, client)
 
 
 @router.post(
