@@ -344,7 +344,7 @@ SOURCES: list[tuple[str, Callable[[dict[str, Any]], Floor | list[Floor] | None]]
     ("comm.json", comm_floor),
     ("aggregation.json", fedavg_floor),
     # the ingest floors from the latest A/B run only (the earlier files stay in §2's tables)
-    ("ingest-batched-polls.json", lambda doc: ingest_floors(doc, "ingest-batched-polls.json")),
+    ("ingest-fast-paths.json", lambda doc: ingest_floors(doc, "ingest-fast-paths.json")),
     ("worker.json", worker_floor),
     ("e2e.json", e2e_floor),
     ("peers.json", peers_floors),

@@ -38,6 +38,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from fedprompt.coordinator.config import Settings
 from fedprompt.shared.client import CoordinatorClient
 from fedprompt.shared.local import free_port, wait_ready
 from fedprompt.shared.spec import FederationSpec
@@ -48,6 +49,7 @@ ADMIN = "bench-admin-token-0123456789abcdef"
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 FULL_GRID = [(100, 0.1), (100, 1.0), (1000, 0.1), (1000, 1.0), (5000, 0.1), (5000, 1.0)]
 QUICK_GRID = [(100, 0.1), (100, 1.0), (1000, 1.0)]
+DEFAULT_MAX_CONNECTIONS: int = Settings.model_fields["max_connections"].default  # FEDPROMPT_MAX_CONNECTIONS
 ENV = {
     "FEDPROMPT_ADMIN_TOKEN": ADMIN,
     "FEDPROMPT_SWEEP_INTERVAL_S": "1",
@@ -184,6 +186,10 @@ def run_coordinator(name: str, k: int, c: float, hidden: int, args: argparse.Nam
     backend, _, build = name.partition("@")
     env = {**ENV, "PYTHONPATH": str(Path(args.previous).resolve())} if build == "previous" else ENV
     replicas = args.replicas if backend == "postgres" else 1  # SQLite: one process, no replicas
+    # every simulated worker holds a connection (its long-poll): past the default's 4,096 open
+    # connections a replica answers 503 to enrolments, as an operator of such a fleet would raise it
+    max_connections = max(DEFAULT_MAX_CONNECTIONS, k + 1000)
+    env = {**env, "FEDPROMPT_MAX_CONNECTIONS": str(max_connections)}
 
     with tempfile.TemporaryDirectory(prefix="fedprompt-ingest-") as tmp:
         tmpdir = Path(tmp)
@@ -237,6 +243,7 @@ def run_coordinator(name: str, k: int, c: float, hidden: int, args: argparse.Nam
         "prompt": [20, hidden],
         **analysed,
         "replicas": replicas,
+        "max_connections": max_connections,
         "closed_once": closed_once(history, args.rounds, latest),
         "coordinator_cpu_s": cpu,  # all replicas together
         "cpu_ms_per_request": 1000 * cpu / max(analysed["requests"], 1),

@@ -1,16 +1,18 @@
-"""The two requests a running federation is mostly made of, answered without FastAPI's per-request
-dependency solving when their parameters are plainly valid.
+"""The requests a running federation is mostly made of, answered without FastAPI's per-request
+dependency solving when their ids and body are plainly valid.
 
-A thousand workers' federation is some 40 % task polls and 20 % prompt downloads (BENCHMARKS.md §2),
-and a profile under that load put FastAPI's `solve_dependencies` at about a fifth of the
-coordinator's CPU: for each request it solves the route's dependency tree anew and validates every
-parameter through pydantic. A route marked with `fast_path(fn)` first offers its request to `fn`,
-which reads the path and query parameters itself and returns a response, or None when a parameter
-is anything but the plain form (then FastAPI's own handler validates it and answers as always). The
-route stays the documented one (OpenAPI, matching, middleware, exception handlers are unchanged);
-the fast path calls the same authorisation (`authorize_client`) and the same code after it as the
-route's endpoint, so what a caller may do and every refusal are the same either way
-(tests/coordinator/test_fastpath.py asks both with the same requests).
+At K = 1,000 clients, C = 1 and two rounds a federation is about 15,000 requests: 6,000 task polls,
+3,000 prompt downloads, 3,000 evaluation reports, 2,000 uploads and 1,000 enrolments. A py-spy
+profile of the coordinator under that load (bench/results/profiles/before/, commit 9147a43) put
+FastAPI's `solve_dependencies` at about a fifth of its samples: for each request FastAPI solves the
+route's dependency tree anew and validates every parameter through pydantic. A route marked with
+`fast_path(fn)` first offers its request to `fn`, which reads the path and query parameters (and a
+JSON body) itself and returns a response, or None when any of them is anything but the plain form;
+then FastAPI's own handler validates the request and answers as always. The route stays the
+documented one (OpenAPI, matching, middleware and exception handlers are unchanged); the fast path
+calls the same authorisation (`client_of`, `admin_or_client_of`: `authorize_client`) and the same
+code after it as the route's endpoint, so what a caller may do and every refusal are the same either
+way (tests/coordinator/test_fastpath.py sends the same requests both ways).
 """
 
 from __future__ import annotations
