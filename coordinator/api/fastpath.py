@@ -59,8 +59,8 @@ def plain_id(text: str) -> int | None:
 
 
 def plain_seconds(request: Request, name: str, *, default: float, most: float) -> float | None:
-    """A query parameter of seconds in its plain form within [0, most], `default` when absent, else
-    None (absent from a query string that has others of the same name, a second value, an exponent)."""
+    """A query parameter of seconds in its plain form within [0, most]; `default` when the query has
+    none; None for anything else (two values, a sign, an exponent, more than `most`)."""
     values = request.query_params.getlist(name)
     if not values:
         return default

@@ -17,6 +17,7 @@ from fedprompt.coordinator.api.deps import (
     TaskPollDep,
     UploadThreadsDep,
     client_of,
+    get_upload_threads,
 )
 from fedprompt.coordinator.api.fastpath import fast_path, plain_id, plain_json_body, plain_seconds
 from fedprompt.coordinator.api.jsonbody import BoundedJSONRoute
@@ -140,7 +141,7 @@ async def _upload_fast(request: Request) -> Response | None:
         return None
     state = request.app.state
     client = await client_of(request, fid)
-    threads = state.upload_threads.get()
+    threads = await get_upload_threads(request)
     return await _upload_response(request, state.service, state.settings, threads, fid, number, client)
 
 
