@@ -1,5 +1,6 @@
-"""The fast paths of the task poll and the prompt download (coordinator/api/fastpath.py) answer
-every request as FastAPI's own handler of the same route does, and take the plain ones."""
+"""The fast paths of the workers' four routes (task poll, prompt download, evaluation report, upload;
+coordinator/api/fastpath.py) answer every request as FastAPI's own handler of the same route does,
+and take the plain ones."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def world(tmp_path: Path) -> Iterator[dict[str, Any]]:
         other, enrol, strangers = federation_with_clients(
             api, 1, spec={**SMALL_SPEC, "name": "other", "min_clients": 3}
         )
-        # a client with no evaluation examples in a federation still waiting for its second: nothing to do
+        # a client with no evaluation examples in a federation still waiting for a third: nothing to do
         idle = api.post(
             f"/api/v1/federations/{other}/clients",
             json={"name": "idle", "num_samples": 5, "info": {"num_eval": 0}},
@@ -49,13 +50,21 @@ def world(tmp_path: Path) -> Iterator[dict[str, Any]]:
             for r in module.router.routes
             if isinstance(r, BoundedJSONRoute) and r.fast_path is not None
         ]
-        yield {"api": api, "fid": fid, "client": clients[0]["token"], "second": clients[1]["token"], "stranger": strangers[0]["token"], "idle": idle,
-               "other": other, "routes": routes}  # fmt: skip
+        yield {
+            "api": api,
+            "fid": fid,
+            "client": clients[0]["token"],
+            "second": clients[1]["token"],
+            "stranger": strangers[0]["token"],
+            "idle": idle,
+            "other": other,
+            "routes": routes,
+        }
 
 
 def _requests(w: dict[str, Any]) -> list[tuple[str, str, dict[str, str], bytes | None, bool]]:
     """(method, path, headers, body, plain: the fast path answers it, or raises its refusal); none
-    changes the world (the valid report is its own test below)."""
+    changes the world (stored reports and uploads are tests of their own below)."""
     fid, me, admin = w["fid"], {"Authorization": f"Bearer {w['client']}"}, ADMIN_AUTH
     stranger, wrong = {"Authorization": f"Bearer {w['stranger']}"}, {"Authorization": "Bearer fpc_nope"}
     idle = {"Authorization": f"Bearer {w['idle']}"}
