@@ -186,8 +186,8 @@ def run_coordinator(name: str, k: int, c: float, hidden: int, args: argparse.Nam
     backend, _, build = name.partition("@")
     env = {**ENV, "PYTHONPATH": str(Path(args.previous).resolve())} if build == "previous" else ENV
     replicas = args.replicas if backend == "postgres" else 1  # SQLite: one process, no replicas
-    # every simulated worker holds a connection (its long-poll): past the default's 4,096 open
-    # connections a replica answers 503 to enrolments, as an operator of such a fleet would raise it
+    # every simulated worker holds a connection (its long-poll): past FEDPROMPT_MAX_CONNECTIONS open
+    # connections a replica answers 503 to enrolments, so raise it as an operator of such a fleet would
     max_connections = max(DEFAULT_MAX_CONNECTIONS, k + 1000)
     env = {**env, "FEDPROMPT_MAX_CONNECTIONS": str(max_connections)}
 

@@ -426,7 +426,10 @@ class RequestContextMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        raw = next((v for k, v in scope.get("headers") or () if k.lower() == _REQUEST_ID_KEY), None)
+        raw = None  # the last X-Request-ID header, as a dict of the headers would keep it
+        for key, value in scope.get("headers") or ():
+            if key == _REQUEST_ID_KEY:
+                raw = value
         request_id = request_id_from(raw.decode("latin-1") if raw else None)
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(request_id=request_id)

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import HTTPException, Request, Response
+from fedprompt.coordinator.api.schemas import is_id_text
 from fedprompt.coordinator.persistence.db import MAX_ID
 from pydantic import BaseModel, ValidationError
 
@@ -51,8 +52,8 @@ def fast_path_of(endpoint: Callable[..., object]) -> FastPath | None:
 
 
 def plain_id(text: str) -> int | None:
-    """A path id in the form IdPath takes (1 to 10 ASCII digits, at most MAX_ID), else None."""
-    if not (text.isascii() and text.isdigit() and len(text) <= 10):
+    """A path id in the form IdPath takes (schemas.is_id_text, at most MAX_ID), else None."""
+    if not is_id_text(text):
         return None
     value = int(text)
     return value if value <= MAX_ID else None

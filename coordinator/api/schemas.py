@@ -67,9 +67,15 @@ __all__ = [
 MAX_MODEL_PARAMETERS = 10**13
 
 
+def is_id_text(text: str) -> bool:
+    """Whether a path id is written as one: 1 to 10 ASCII digits (``1.0``, ``+1``, ``1_0``, `` 1``,
+    ``²`` are not)."""
+    return text.isascii() and text.isdigit() and len(text) <= 10
+
+
 def ascii_decimal(value: Any) -> Any:
-    """A path id as written: ASCII digits only (``1.0``, ``+1``, ``1_0``, `` 1`` are not ids)."""
-    if isinstance(value, str) and not (value.isascii() and value.isdigit() and len(value) <= 10):
+    """A path id as written: ASCII digits only (is_id_text)."""
+    if isinstance(value, str) and not is_id_text(value):
         raise ValueError("an id is 1 to 10 ASCII digits (0-9), e.g. 12")
     return value
 
