@@ -4,12 +4,20 @@ transformers folder that the engine loads as a causal LM."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from fedprompt.worker.data import Example
 from fedprompt.worker.engine import PromptEngine, offline
 from fedprompt.worker.engine.offline import OfflineModelError, resolve_model, smollm2_folder
+
+FIRST_CALL = """
+import sys
+from fedprompt.worker.engine.offline import smollm2_folder
+print(smollm2_folder(), f"converted-here:{'gguf' in sys.modules}")
+"""
 
 
 def test_other_names_pass_through_and_a_missing_package_says_how_to_install(
@@ -34,6 +42,12 @@ def test_smollm2_converts_once_and_loads_as_a_causal_lm(
     monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     monkeypatch.setenv("FEDPROMPT_MODELS", str(tmp_path_factory.mktemp("models")))
+    # the first call converts, in a child of its own (the GGUF reader never loads in the caller): a
+    # caller that had converted in-process and then forked, as `fedprompt simulate` does, hung for ever
+    asked = subprocess.run(
+        [sys.executable, "-c", FIRST_CALL], capture_output=True, text=True, check=True, timeout=600
+    )
+    assert asked.stdout.split() == [str(smollm2_folder()), "converted-here:False"], asked.stderr
     folder = smollm2_folder()
     assert (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
     stamp = os.stat(folder / "config.json").st_mtime_ns

@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import importlib.util
+import multiprocessing
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 MINILM_ALIASES = frozenset({"sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2"})
@@ -69,8 +71,16 @@ def smollm2_folder() -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with _locked(target.parent / ".smollm2.lock"):
         if not (target / "config.json").is_file():
-            _convert(gguf, target)
+            _convert_in_child(gguf, target)
     return target
+
+
+def _convert_in_child(gguf: Path, target: Path) -> None:
+    """`_convert` in a spawned process: the caller runs no torch operation of its own, so a process
+    that forks workers after asking for the folder (`fedprompt simulate`) forks no torch thread pool,
+    whose locks a forked child would wait on for ever. The child's error comes back as raised."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as child:
+        child.submit(_convert, gguf, target).result()
 
 
 def _convert(gguf: Path, target: Path) -> None:
