@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from fedprompt.worker.engine import (
     model_fingerprint,
     resolve_model,
 )
+from fedprompt.worker.engine.model import cpu_computes_bf16
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertModel
 
 SINGLE = "{text} It was [MASK]."
@@ -581,6 +583,38 @@ def test_bf16_on_cpu_trains_a_float32_prompt_and_differs_from_fp32(tokenizer: An
     a, b = (engines[p].get_prompt()[PROMPT_TENSOR] for p in ("fp32", "bf16"))
     assert not np.array_equal(a, b)
     assert np.linalg.norm(a - b) < 0.25 * np.linalg.norm(a - start)
+
+
+CPUINFO = "processor\t: {n}\nvendor_id\t: X\nflags\t\t: fpu sse2 avx2 {extra}\n\n"
+
+
+def test_bf16_support_is_read_from_every_cores_flags() -> None:
+    assert cpu_computes_bf16(CPUINFO.format(n=0, extra="")) is False  # AVX2 only: emulated
+    assert cpu_computes_bf16(CPUINFO.format(n=0, extra="avx512f avx512_bf16")) is True
+    assert cpu_computes_bf16(CPUINFO.format(n=0, extra="amx_tile amx_bf16")) is True
+    mixed = CPUINFO.format(n=0, extra="avx512_bf16") + CPUINFO.format(n=1, extra="")
+    assert cpu_computes_bf16(mixed) is False
+    assert cpu_computes_bf16("model name : Apple M2\n") is None  # no flags lines: cannot tell
+
+
+def test_bf16_on_a_cpu_that_emulates_it_warns_once_per_engine(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from fedprompt.worker.engine import engine as engine_module
+
+    caplog.set_level(logging.WARNING, logger=engine_module.__name__)
+    monkeypatch.setattr(engine_module, "cpu_computes_bf16", lambda: False)
+    make_engine(tokenizer, precision="fp32")
+    assert not caplog.records
+    make_engine(tokenizer, precision="bf16")
+    assert [r.getMessage() for r in caplog.records] == [
+        "precision bf16 on a CPU without AVX512-BF16 or AMX: bfloat16 is emulated here, and a step "
+        "takes many times as long as in fp32; use precision fp32 (or auto) on this machine"
+    ]
+    caplog.clear()
+    monkeypatch.setattr(engine_module, "cpu_computes_bf16", lambda: True)
+    make_engine(tokenizer, precision="bf16")
+    assert not caplog.records
 
 
 def test_unknown_precision_is_refused(tokenizer: Any) -> None:

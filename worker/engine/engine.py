@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -29,6 +30,7 @@ from fedprompt.worker.engine.methods import attach, kv_size, model_shape
 from fedprompt.worker.engine.model import (
     Backbone,
     Head,
+    cpu_computes_bf16,
     default_num_threads,
     describe_objects,
     fingerprint_of,
@@ -48,6 +50,8 @@ from torch.nn import functional as F
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, int, float], None]
 
@@ -99,6 +103,12 @@ class PromptEngine:
         )
         if self.device.type == "cpu":
             torch.set_num_threads(num_threads or default_num_threads())
+            if self.precision == "bf16" and cpu_computes_bf16() is False:
+                log.warning(
+                    "precision bf16 on a CPU without AVX512-BF16 or AMX: bfloat16 is emulated here, "
+                    "and a step takes many times as long as in fp32; use precision fp32 (or auto) "
+                    "on this machine"
+                )
         self.tokenizer = tokenizer
         self.family = backbone.family
         self._adapter = adapter(backbone.family)  # what differs by model family (worker/engine/families/)

@@ -179,6 +179,24 @@ def pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def cpu_computes_bf16(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX), from the flags lines of
+    /proc/cpuinfo (or of `cpuinfo` as given); None where that cannot be read (not Linux). Without
+    them, bf16 autocast on a CPU is emulated and far slower than fp32."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    flags = [line.partition(":")[2].split() for line in cpuinfo.splitlines() if line.startswith("flags")]
+    if not flags:
+        return None
+    return all(CPU_BF16_FLAGS & set(f) for f in flags)
+
+
 def default_num_threads() -> int:
     """CPU threads for torch: the cores this process may run on, never more than torch's own default."""
     try:
