@@ -92,7 +92,8 @@ def resolve_data(opts: Any, out: Path) -> Dataset:
 
 
 def shard_lines(dataset: Dataset, opts: Any, seed: int | None = None) -> list[str]:
-    """What each client gets, one line each: train and eval examples and the train label mix."""
+    """What each client gets, one line each: train and eval examples and the train label mix. With
+    `opts.evaluators`, the test split is the first ones' only, as the run deals it."""
     from fedprompt.worker.shards import ShardSpec, shard_summary
 
     summary = shard_summary(
@@ -103,6 +104,7 @@ def shard_lines(dataset: Dataset, opts: Any, seed: int | None = None) -> list[st
             seed=opts.seed if seed is None else seed,
             train_limit=opts.train_limit,
             eval_limit=opts.eval_limit,
+            eval_shares=getattr(opts, "evaluators", None),
         )
     )
     lines = []

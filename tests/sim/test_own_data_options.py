@@ -15,6 +15,7 @@ from fedprompt.sim.data_options import resolve_data, shard_lines
 from fedprompt.sim.options import build_spec
 from fedprompt.sim.results import run_facts
 from fedprompt.worker.data import DataError, LabelWordError, MissingDataset, builtin_datasets_dir
+from fedprompt.worker.data.partition import PartitionError
 
 from tests import fixtures
 
@@ -100,6 +101,19 @@ def test_a_csv_is_packed_into_the_run_folder_with_its_held_out_split(tmp_path: P
     assert "held out" in meta["source"] and set(meta["files"]) == {"train.jsonl.gz", "test.jsonl.gz"}
     lines = shard_lines(dataset, opts)
     assert len(lines) == 3 and all("negative" in line and "eval" in line for line in lines)
+
+
+def test_the_shard_lines_deal_the_test_split_to_the_evaluators_only(tmp_path: Path) -> None:
+    # 12 test examples among 20 clients: every client cannot hold one, the 2 evaluators can
+    opts = _opts(tmp_path, clients=20, train_limit=100, eval_limit=12, evaluators=2)
+    dataset = resolve_data(opts, opts.out)
+
+    lines = shard_lines(dataset, opts)
+
+    assert len(lines) == 20
+    assert [line.rsplit(", ", 1)[1] for line in lines] == ["6 eval", "6 eval"] + ["0 eval"] * 18
+    with pytest.raises(PartitionError, match="cannot split 12 examples among 20 clients"):
+        shard_lines(dataset, _opts(tmp_path, clients=20, train_limit=100, eval_limit=12))
 
 
 def test_a_missing_packed_name_is_one_line_with_the_ways_to_get_it(
