@@ -49,6 +49,11 @@ class Run:
             "FEDPROMPT_ADMIN_TOKEN": admin_token,
             "FEDPROMPT_DATA_DIR": str(out),
             "FEDPROMPT_SWEEP_INTERVAL_S": "0.5",
+            # every client enrols from this machine's loopback address: the per-address limit, made
+            # for a coordinator on a network, would refuse a simulation of more than 120 clients
+            "FEDPROMPT_ENROLMENT_RATE_LIMIT": os.environ.get(
+                "FEDPROMPT_ENROLMENT_RATE_LIMIT", f"{max(120, 2 * opts.clients)}/minute"
+            ),
             # glibc gives each thread that allocates its own arena (up to 8 per core) and keeps what it
             # frees there: a pool process runs one thread per client, so without a cap its memory grew
             # with the number of distinct clients it had trained (README, "Simulating a federation")

@@ -418,3 +418,22 @@ def test_without_a_terminal_simulate_logs_a_line_per_round_attempt_upload_and_lo
         "clients": 2,
         "num_samples": 20,
     }
+
+
+def test_a_simulation_of_many_clients_is_not_refused_by_the_per_address_enrolment_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedprompt.coordinator.config import Settings
+    from fedprompt.sim.launch import Run
+
+    monkeypatch.delenv("FEDPROMPT_ENROLMENT_RATE_LIMIT", raising=False)
+    # every client enrols from loopback: 1,000 of them within the default 120 a minute were refused
+    many = Run.prepare(_options(clients=1000), tmp_path / "many").env["FEDPROMPT_ENROLMENT_RATE_LIMIT"]
+    few = Run.prepare(_options(clients=4), tmp_path / "few").env["FEDPROMPT_ENROLMENT_RATE_LIMIT"]
+    assert (many, few) == ("2000/minute", "120/minute")
+    assert Settings(admin_token="x" * 32, enrolment_rate_limit=many).enrolment_rate_limit == many
+    monkeypatch.setenv("FEDPROMPT_ENROLMENT_RATE_LIMIT", "5/minute")  # an operator's own choice stays
+    assert (
+        Run.prepare(_options(clients=1000), tmp_path / "own").env["FEDPROMPT_ENROLMENT_RATE_LIMIT"]
+        == "5/minute"
+    )
