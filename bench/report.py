@@ -341,8 +341,9 @@ def peers_table(doc: dict[str, Any]) -> str:
         "",
         f"{s['dataset']}, K = {s['clients']} clients, C = {s['fraction']}, {s['rounds']} rounds × {s['local_steps']} "
         f"local steps of batch {s['batch_size']}, {s['train_limit']:,} training examples, {s['eval_limit']} test "
-        f"examples, {s['slots']} clients training at once; seeds 0–{s['repeats'] - 1}, one repeat each, fedprompt "
-        f"first. flwr {doc['flwr']}, Ray {doc['ray']}. The same clients every round in both: "
+        f"examples, {s['slots']} clients training at once; "
+        + (f"seeds 0–{s['repeats'] - 1}, one repeat each" if s["repeats"] > 1 else "seed 0, one repeat")
+        + f", fedprompt first. flwr {doc['flwr']}, Ray {doc['ray']}. The same clients every round in both: "
         f"{'yes' if sm['same_clients'] else '**no**'}; largest accuracy difference in any round: "
         f"{sm['max_accuracy_gap_points']:.2f} points.",
         "",
@@ -484,6 +485,7 @@ TABLES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "ingest_k10000": ("ingest-k10000.json", ingest_table),
     "e2e": ("e2e.json", e2e_table),
     "peers": ("peers.json", peers_table),
+    "peers_k1000": ("peers-k1000.json", peers_table),
     "async": ("async.json", async_table),
     "scale": ("scale.json", scale_table),
     "scale_evaluators": ("scale-evaluators.json", scale_table),
