@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from fedprompt.shared.local import cpu_flags
 from fedprompt.shared.spec import DEFAULT_MODEL
 from fedprompt.worker.data import load_dataset, preset_for
 from fedprompt.worker.engine import PromptEngine
@@ -91,10 +92,7 @@ def _paired(name: str, pairs: int, default: Any, lever: Any) -> dict[str, Any]:
 
 def _cpu_flags() -> dict[str, bool]:
     """Whether this CPU has native bf16 arithmetic (AVX512-BF16, AMX-BF16): what decides the bf16 lever."""
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        flags = set()
+    flags = cpu_flags() or frozenset()
     return {name: name in flags for name in ("avx512_bf16", "amx_bf16", "avx512f")}
 
 

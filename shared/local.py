@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import platform
 import random
@@ -67,6 +68,22 @@ def wait_ready(
             pass
         time.sleep(0.2)
     raise TimeoutError(f"{url} did not become ready in {timeout:.0f}s")
+
+
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str] | None:
+    """The flags every core has, from the flags lines of /proc/cpuinfo (read once) or of `cpuinfo`
+    as given; None where they cannot be read (not Linux)."""
+    text = _proc_cpuinfo() if cpuinfo is None else cpuinfo
+    cores = [set(line.partition(":")[2].split()) for line in text.splitlines() if line.startswith("flags")]
+    return frozenset(set.intersection(*cores)) if cores else None
+
+
+@functools.cache
+def _proc_cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
 
 
 def cpu_model() -> str:

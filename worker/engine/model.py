@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
+from fedprompt.shared.local import cpu_flags
 from fedprompt.shared.vocab import Family
 from fedprompt.worker.data.pack import sha256_file
 from fedprompt.worker.engine.offline import resolve_model
@@ -183,18 +184,11 @@ CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
 def cpu_computes_bf16(cpuinfo: str | None = None) -> bool | None:
-    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX), from the flags lines of
-    /proc/cpuinfo (or of `cpuinfo` as given); None where that cannot be read (not Linux). Without
-    them, bf16 autocast on a CPU is emulated and far slower than fp32."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return None
-    flags = [line.partition(":")[2].split() for line in cpuinfo.splitlines() if line.startswith("flags")]
-    if not flags:
-        return None
-    return all(CPU_BF16_FLAGS & set(f) for f in flags)
+    """Whether every core computes bfloat16 natively (AVX512-BF16 or AMX), from /proc/cpuinfo's
+    flags (or `cpuinfo`'s, as given); None where they cannot be read (not Linux). Without them, bf16
+    autocast on a CPU is emulated and far slower than fp32."""
+    flags = cpu_flags(cpuinfo)
+    return None if flags is None else bool(flags & CPU_BF16_FLAGS)
 
 
 def default_num_threads() -> int:
