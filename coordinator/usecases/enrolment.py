@@ -3,20 +3,38 @@ and the dashboard sessions ended by their logout."""
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from fedprompt.coordinator.errors import Conflict, Forbidden, NotFound, Unauthorized, revoked_client
 from fedprompt.coordinator.logic.tokens import hash_token, new_token
 from fedprompt.coordinator.persistence.db import Client, EnrollmentToken, Federation, RevokedSession
+from fedprompt.coordinator.persistence.groupcommit import GroupCommit, one_by_one_on_conflict
 from fedprompt.coordinator.persistence.store import Store
 from fedprompt.coordinator.usecases.rounds import RoundCycle
+from fedprompt.shared.spec import FederationSpec
 from fedprompt.shared.vocab import FederationState
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
 # Past this many cached tokens the authentication cache starts afresh (it holds one entry per client).
 AUTH_CACHE_MAX_ENTRIES = 100_000
+
+
+@dataclass(frozen=True)
+class PendingEnrolment:
+    """One enrolment waiting for its batch's transaction (Enrolment.enroll)."""
+
+    token: str
+    client_token: str
+    name: str
+    num_samples: int
+    info: dict[str, Any]
+    model_parameters: int | None
+    tls_fingerprint: str | None
 
 
 class Enrolment:
@@ -32,6 +50,7 @@ class Enrolment:
         # client's standing in its own transaction whatever the cache says.
         self.auth_cache_s = auth_cache_s
         self._auth: dict[str, tuple[float, Client]] = {}
+        self._enrolments: dict[int, GroupCommit[PendingEnrolment, Client]] = {}  # fid -> its group commit
 
     def create_enrollment_token(
         self, fid: int, *, expires_in_s: float | None = None, max_uses: int | None = None
@@ -68,56 +87,95 @@ class Enrolment:
 
         A stated ``model_parameters`` becomes the federation's full-model figure when neither its spec
         (params_full_model) nor an earlier enrolment has set one; a different later figure is ignored
-        and noted in the enrolment's event."""
-        now = self.store.clock()
+        and noted in the enrolment's event.
+
+        Enrolments arriving together are committed together (group commit, as uploads are): one
+        transaction, one lock of the federation, each enrolment still checked and answered on its
+        own; nothing is answered before its batch committed."""
         client_token = new_token("fpc")
-        with self.store.tx() as s:
-            fed = self.store.lock_federation(s, fid)
-            row = s.scalars(
-                select(EnrollmentToken).where(
-                    EnrollmentToken.token_hash == hash_token(token), EnrollmentToken.federation_id == fid
-                )
-            ).first()
-            if row is None:
-                raise Unauthorized(
-                    f"unknown enrolment token for federation {fid}; ask the operator for a new one"
-                )
-            if row.expires_at is not None and now > row.expires_at:
-                raise Unauthorized("this enrolment token has expired; ask the operator for a new one")
-            if row.max_uses is not None and row.uses >= row.max_uses:
-                raise Unauthorized(
-                    f"this enrolment token is used up ({row.max_uses} uses); ask for a new one"
-                )
-            spec = self.store.spec_of(fed)
-            fingerprint = info.get("model_fingerprint")
-            if spec.model_fingerprint and fingerprint and fingerprint != spec.model_fingerprint:
-                raise Conflict(
-                    f"your model's fingerprint {fingerprint} differs from the federation's "
-                    f"{spec.model_fingerprint}; load the model '{spec.model}'"
-                )
-            row.uses += 1
-            client = Client(
-                federation_id=fid,
-                name=name,
-                token_hash=hash_token(client_token),
-                num_samples=num_samples,
-                info=info,
-                enrolled_at=now,
-                last_seen_at=now,
-                tls_fingerprint=tls_fingerprint,
-                revoked_at=None,  # loaded, not expired: the authentication cache reads it
+        pending = PendingEnrolment(
+            token, client_token, name, num_samples, info, model_parameters, tls_fingerprint
+        )
+        batcher = self._enrolments.get(fid)
+        if batcher is None:
+            batcher = self._enrolments.setdefault(
+                fid,
+                GroupCommit(
+                    functools.partial(one_by_one_on_conflict, functools.partial(self._enroll_batch, fid))
+                ),
             )
-            s.add(client)
-            s.flush()
-            message = f"client {client.id} '{name}' enrolled ({num_samples} samples)"
-            note = record_model_parameters(fed, spec.params_full_model, model_parameters)
-            message += f"; {note}" if note else ""
-            self.store.event(s, fid, "client_enrolled", message)
-            if fed.state == FederationState.WAITING and spec.auto_advance:
-                self.cycle.advance(s, fed, manual=False)
+        client = batcher.submit(pending)
         # committed: the new client's first requests need no lookup of the token it was just given
         self._remember(client.token_hash, client)
         return client, client_token
+
+    def _enroll_batch(self, fid: int, items: Sequence[PendingEnrolment]) -> list[Client | BaseException]:
+        """Enrol a batch in one transaction: each item a new client, or the refusal of its token
+        (unknown, expired, used up: Unauthorized) or of its model (Conflict). The round opens, when
+        the federation waits for clients, once the batch is in."""
+        now = self.store.clock()
+        outcomes: list[Client | BaseException] = []
+        with self.store.tx() as s:
+            fed = self.store.lock_federation(s, fid)
+            spec = self.store.spec_of(fed)
+            rows: dict[str, EnrollmentToken | None] = {}  # token hash -> its row, read once a batch
+            for item in items:
+                digest = hash_token(item.token)
+                if digest not in rows:
+                    rows[digest] = s.scalars(
+                        select(EnrollmentToken).where(
+                            EnrollmentToken.token_hash == digest, EnrollmentToken.federation_id == fid
+                        )
+                    ).first()
+                try:
+                    outcomes.append(self._admit(rows[digest], spec, fid, item, now))
+                except (Unauthorized, Conflict) as exc:
+                    outcomes.append(exc)
+            admitted = [(item, c) for item, c in zip(items, outcomes, strict=True) if isinstance(c, Client)]
+            if not admitted:
+                return outcomes
+            s.add_all([c for _, c in admitted])
+            s.flush()
+            for item, client in admitted:
+                message = f"client {client.id} '{item.name}' enrolled ({item.num_samples} samples)"
+                note = record_model_parameters(fed, spec.params_full_model, item.model_parameters)
+                message += f"; {note}" if note else ""
+                self.store.event(s, fid, "client_enrolled", message)
+            if fed.state == FederationState.WAITING and spec.auto_advance:
+                self.cycle.advance(s, fed, manual=False)
+        return outcomes
+
+    @staticmethod
+    def _admit(
+        row: EnrollmentToken | None, spec: FederationSpec, fid: int, item: PendingEnrolment, now: float
+    ) -> Client:
+        """The new client of one enrolment, its token's use counted; or the refusal to raise."""
+        if row is None:
+            raise Unauthorized(
+                f"unknown enrolment token for federation {fid}; ask the operator for a new one"
+            )
+        if row.expires_at is not None and now > row.expires_at:
+            raise Unauthorized("this enrolment token has expired; ask the operator for a new one")
+        if row.max_uses is not None and row.uses >= row.max_uses:
+            raise Unauthorized(f"this enrolment token is used up ({row.max_uses} uses); ask for a new one")
+        fingerprint = item.info.get("model_fingerprint")
+        if spec.model_fingerprint and fingerprint and fingerprint != spec.model_fingerprint:
+            raise Conflict(
+                f"your model's fingerprint {fingerprint} differs from the federation's "
+                f"{spec.model_fingerprint}; load the model '{spec.model}'"
+            )
+        row.uses += 1
+        return Client(
+            federation_id=fid,
+            name=item.name,
+            token_hash=hash_token(item.client_token),
+            num_samples=item.num_samples,
+            info=item.info,
+            enrolled_at=now,
+            last_seen_at=now,
+            tls_fingerprint=item.tls_fingerprint,
+            revoked_at=None,  # loaded, not expired: the authentication cache reads it
+        )
 
     def state_model_parameters(self, client: Client, stated: int) -> int | None:
         """A worker's model size stated once it has loaded the model: kept as at enrolment (first figure

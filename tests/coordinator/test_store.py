@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from fedprompt.coordinator.errors import Conflict, Forbidden, Gone, NotFound, Unauthorized
 from fedprompt.coordinator.service import Coordinator
+from fedprompt.coordinator.usecases.enrolment import PendingEnrolment
 from fedprompt.shared import wire
 from fedprompt.shared.spec import FederationSpec
 
@@ -223,6 +224,55 @@ def test_enrolment_token_expiry_and_uses(service: Coordinator, clock) -> None:  
     clock.advance(11)
     with pytest.raises(Unauthorized, match="expired"):
         service.enrolment.enroll(fid, short, name="c", num_samples=1, info={})
+
+
+def test_a_batch_of_enrolments_is_one_transaction_each_enrolment_answered_on_its_own(
+    service: Coordinator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fid, _ = _federation(service, min_clients=3)
+    token, _ = service.enrolment.create_enrollment_token(fid, max_uses=3)
+    transactions = []
+    tx = service.store.tx
+    monkeypatch.setattr(service.store, "tx", lambda *a, **k: transactions.append(1) or tx(*a, **k))
+
+    def item(token: str, name: str) -> PendingEnrolment:
+        return PendingEnrolment(token, f"fpc_{name}", name, 5, {}, None, None)
+
+    names = ["a", "stranger", "b", "c", "d"]
+    outcomes = service.enrolment._enroll_batch(
+        fid, [item("fpe_unknown" if n == "stranger" else token, n) for n in names]
+    )
+    assert len(transactions) == 1
+    assert [type(o).__name__ for o in outcomes] == [
+        "Client",
+        "Unauthorized",
+        "Client",
+        "Client",
+        "Unauthorized",
+    ]
+    assert "unknown enrolment token" in str(outcomes[1]) and "used up (3 uses)" in str(outcomes[4])
+    assert [o.name for o in outcomes if not isinstance(o, BaseException)] == ["a", "b", "c"]
+    status = service.reads.federation_status(fid)  # the third enrolment of the batch opened round 1
+    assert status["state"] == "running" and len(status["open_round"]["participants"]) == 3
+
+
+def test_concurrent_enrolments_never_pass_a_tokens_use_limit(service: Coordinator) -> None:
+    fid, _ = _federation(service, min_clients=100)
+    token, _ = service.enrolment.create_enrollment_token(fid, max_uses=12)
+
+    def enrol(i: int) -> object:
+        try:
+            return service.enrolment.enroll(fid, token, name=f"c{i}", num_samples=1, info={})
+        except Unauthorized as exc:
+            return exc
+
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(enrol, range(20)))
+    enrolled = [o for o in outcomes if isinstance(o, tuple)]
+    assert len(enrolled) == 12 and len({client.id for client, _ in enrolled}) == 12
+    assert all("used up" in str(o) for o in outcomes if not isinstance(o, tuple))
+    for client, client_token in enrolled:
+        assert service.enrolment.authenticate_client(fid, client_token).id == client.id
 
 
 def test_tasks_evaluate_then_train_then_done(service: Coordinator) -> None:
