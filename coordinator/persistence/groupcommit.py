@@ -12,16 +12,18 @@ or the exception `write_batch` gave for it. Nothing is acknowledged before its b
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import anyio.to_thread
 from sqlalchemy.exc import IntegrityError
 
 T = TypeVar("T")
 R = TypeVar("R")
+B = TypeVar("B")
 
 
 class _Slot(Generic[T, R]):
@@ -163,3 +165,23 @@ def one_by_one_on_conflict(
         except IntegrityError as exc:
             out.append(exc)
     return out
+
+
+class PerFederation(Generic[B]):
+    """One batcher (GroupCommit or AsyncBatcher) a federation, made on its first use, whose batches
+    `write_batch(fid, items)` writes in one transaction (one_by_one_on_conflict)."""
+
+    def __init__(
+        self,
+        kind: Callable[[Callable[[Sequence[Any]], Sequence[Any]]], B],
+        write_batch: Callable[[int, Sequence[Any]], Sequence[Any]],
+    ) -> None:
+        self._kind, self._write_batch = kind, write_batch
+        self._batchers: dict[int, B] = {}
+
+    def __getitem__(self, fid: int) -> B:
+        batcher = self._batchers.get(fid)
+        if batcher is None:
+            write = functools.partial(one_by_one_on_conflict, functools.partial(self._write_batch, fid))
+            batcher = self._batchers.setdefault(fid, self._kind(write))
+        return batcher

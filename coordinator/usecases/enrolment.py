@@ -3,7 +3,6 @@ and the dashboard sessions ended by their logout."""
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,7 +11,7 @@ from typing import Any
 from fedprompt.coordinator.errors import Conflict, Forbidden, NotFound, Unauthorized, revoked_client
 from fedprompt.coordinator.logic.tokens import hash_token, new_token
 from fedprompt.coordinator.persistence.db import Client, EnrollmentToken, Federation, RevokedSession
-from fedprompt.coordinator.persistence.groupcommit import GroupCommit, one_by_one_on_conflict
+from fedprompt.coordinator.persistence.groupcommit import GroupCommit, PerFederation
 from fedprompt.coordinator.persistence.store import Store
 from fedprompt.coordinator.usecases.rounds import RoundCycle
 from fedprompt.shared.spec import FederationSpec
@@ -50,7 +49,9 @@ class Enrolment:
         # client's standing in its own transaction whatever the cache says.
         self.auth_cache_s = auth_cache_s
         self._auth: dict[str, tuple[float, Client]] = {}
-        self._enrolments: dict[int, GroupCommit[PendingEnrolment, Client]] = {}  # fid -> its group commit
+        self._enrolments: PerFederation[GroupCommit[PendingEnrolment, Client]] = PerFederation(
+            GroupCommit, self._enroll_batch
+        )
 
     def create_enrollment_token(
         self, fid: int, *, expires_in_s: float | None = None, max_uses: int | None = None
@@ -96,15 +97,7 @@ class Enrolment:
         pending = PendingEnrolment(
             token, client_token, name, num_samples, info, model_parameters, tls_fingerprint
         )
-        batcher = self._enrolments.get(fid)
-        if batcher is None:
-            batcher = self._enrolments.setdefault(
-                fid,
-                GroupCommit(
-                    functools.partial(one_by_one_on_conflict, functools.partial(self._enroll_batch, fid))
-                ),
-            )
-        client = batcher.submit(pending)
+        client = self._enrolments[fid].submit(pending)
         # committed: the new client's first requests need no lookup of the token it was just given
         self._remember(client.token_hash, client)
         return client, client_token

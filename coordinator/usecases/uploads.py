@@ -9,7 +9,6 @@ is clipped to the figure its client enrolled with (logic/uploads.py).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,11 +41,7 @@ from fedprompt.coordinator.persistence.db import (
     Round,
     Update,
 )
-from fedprompt.coordinator.persistence.groupcommit import (
-    AsyncBatcher,
-    GroupCommit,
-    one_by_one_on_conflict,
-)
+from fedprompt.coordinator.persistence.groupcommit import AsyncBatcher, GroupCommit, PerFederation
 from fedprompt.coordinator.persistence.store import Store, no_federation
 from fedprompt.coordinator.usecases.secagg import SecureRounds
 from fedprompt.shared import evalstats, wire
@@ -74,8 +69,13 @@ class Uploads:
         self.on_report = on_report
         self.on_upload = on_upload
         self.secure = secure or SecureRounds(store)
-        self._batchers: dict[int, GroupCommit[PendingUpload, UploadResult]] = {}  # fid -> its group commit
-        self._report_batchers: dict[int, AsyncBatcher[PendingReport, bool]] = {}  # fid -> evaluation reports
+        # the writers are looked up when a batch is written (a test may wrap them)
+        self._batchers: PerFederation[GroupCommit[PendingUpload, UploadResult]] = PerFederation(
+            GroupCommit, lambda fid, items: self._store_update_batch(fid, items)
+        )
+        self._report_batchers: PerFederation[AsyncBatcher[PendingReport, bool]] = PerFederation(
+            AsyncBatcher, lambda fid, items: self._store_reports(fid, items)
+        )
 
     def upload(self, fid: int, number: int, client: Client, body: bytes) -> UploadResult:
         """Accept a client's update for a round: validated fully before anything is stored, then
@@ -93,16 +93,7 @@ class Uploads:
         pending = PendingUpload(
             number, client.id, body, digest, num_samples, metrics, meta.get("base_version")
         )
-        batcher = self._batchers.get(fid)
-        if batcher is None:
-            batcher = self._batchers.setdefault(
-                fid,
-                GroupCommit(
-                    functools.partial(
-                        one_by_one_on_conflict, functools.partial(self._store_update_batch, fid)
-                    )
-                ),
-            )
+        batcher = self._batchers[fid]
         try:
             result = batcher.submit(pending)
         except IntegrityError:  # the same client's concurrent upload for this round committed first
@@ -292,14 +283,7 @@ class Uploads:
             loss=None if payload.get("loss") is None else float(payload["loss"]),
             metrics=payload.get("metrics") or {},
         )
-        batcher = self._report_batchers.get(fid)
-        if batcher is None:
-            batcher = self._report_batchers.setdefault(
-                fid,
-                AsyncBatcher(
-                    functools.partial(one_by_one_on_conflict, functools.partial(self._store_reports, fid))
-                ),
-            )
+        batcher = self._report_batchers[fid]
         try:
             stored = await batcher.submit(pending)
         except (

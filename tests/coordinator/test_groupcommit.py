@@ -81,6 +81,21 @@ def test_a_batch_refused_by_a_unique_constraint_is_written_one_by_one() -> None:
     assert one_by_one_on_conflict(write, [2, 4]) == [20, 40]
 
 
+def test_each_federation_has_one_batcher_of_its_own_whose_batches_carry_its_id() -> None:
+    from fedprompt.coordinator.persistence.groupcommit import PerFederation
+
+    written: list[tuple[int, list[int]]] = []
+
+    def write(fid: int, items: Sequence[int]) -> list[int | BaseException]:
+        written.append((fid, list(items)))
+        return [fid * 100 + i for i in items]
+
+    batchers: PerFederation[GroupCommit[int, int]] = PerFederation(GroupCommit, write)
+    assert batchers[7] is batchers[7] and batchers[7] is not batchers[8]
+    assert batchers[7].submit(1) == 701 and batchers[8].submit(2) == 802
+    assert written == [(7, [1]), (8, [2])]
+
+
 def test_async_items_of_one_loop_are_batched_beyond_any_thread_count() -> None:
     batches: list[list[int]] = []
 
