@@ -344,7 +344,7 @@ SOURCES: list[tuple[str, Callable[[dict[str, Any]], Floor | list[Floor] | None]]
     ("comm.json", comm_floor),
     ("aggregation.json", fedavg_floor),
     # the ingest floors from the latest A/B run only (the earlier files stay in §2's tables)
-    ("ingest-fast-paths.json", lambda doc: ingest_floors(doc, "ingest-fast-paths.json")),
+    ("ingest-enrol-batches.json", lambda doc: ingest_floors(doc, "ingest-enrol-batches.json")),
     ("worker.json", worker_floor),
     ("e2e.json", e2e_floor),
     ("peers.json", peers_floors),

@@ -482,6 +482,7 @@ TABLES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "ingest_board_learns": ("ingest-board-learns.json", ingest_table),
     "ingest_batched_polls": ("ingest-batched-polls.json", ingest_table),
     "ingest_fast_paths": ("ingest-fast-paths.json", ingest_table),
+    "ingest_enrol_batches": ("ingest-enrol-batches.json", ingest_table),
     "ingest_k10000": ("ingest-k10000.json", ingest_table),
     "e2e": ("e2e.json", e2e_table),
     "peers": ("peers.json", peers_table),
