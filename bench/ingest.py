@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -50,6 +51,8 @@ PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 FULL_GRID = [(100, 0.1), (100, 1.0), (1000, 0.1), (1000, 1.0), (5000, 0.1), (5000, 1.0)]
 QUICK_GRID = [(100, 0.1), (100, 1.0), (1000, 1.0)]
 DEFAULT_MAX_CONNECTIONS: int = Settings.model_fields["max_connections"].default  # FEDPROMPT_MAX_CONNECTIONS
+# FEDPROMPT_MAX_UPLOAD_BYTES_IN_FLIGHT
+DEFAULT_UPLOAD_BYTES_IN_FLIGHT: int = Settings.model_fields["max_upload_bytes_in_flight"].default
 ENV = {
     "FEDPROMPT_ADMIN_TOKEN": ADMIN,
     "FEDPROMPT_SWEEP_INTERVAL_S": "1",
@@ -189,7 +192,14 @@ def run_coordinator(name: str, k: int, c: float, hidden: int, args: argparse.Nam
     # every simulated worker holds a connection (its long-poll): past FEDPROMPT_MAX_CONNECTIONS open
     # connections a replica answers 503 to enrolments, so raise it as an operator of such a fleet would
     max_connections = max(DEFAULT_MAX_CONNECTIONS, k + 1000)
-    env = {**env, "FEDPROMPT_MAX_CONNECTIONS": str(max_connections)}
+    # and every selected worker may upload at once: past FEDPROMPT_MAX_UPLOAD_BYTES_IN_FLIGHT a
+    # replica answers 429 (retried after Retry-After), so hold room for all of a round's uploads
+    in_flight = max(DEFAULT_UPLOAD_BYTES_IN_FLIGHT, math.ceil(k * c) * (20 * hidden * 4 + 4096))
+    env = {
+        **env,
+        "FEDPROMPT_MAX_CONNECTIONS": str(max_connections),
+        "FEDPROMPT_MAX_UPLOAD_BYTES_IN_FLIGHT": str(in_flight),
+    }
 
     with tempfile.TemporaryDirectory(prefix="fedprompt-ingest-") as tmp:
         tmpdir = Path(tmp)
@@ -244,6 +254,7 @@ def run_coordinator(name: str, k: int, c: float, hidden: int, args: argparse.Nam
         **analysed,
         "replicas": replicas,
         "max_connections": max_connections,
+        "max_upload_bytes_in_flight": in_flight,
         "closed_once": closed_once(history, args.rounds, latest),
         "coordinator_cpu_s": cpu,  # all replicas together
         "cpu_ms_per_request": 1000 * cpu / max(analysed["requests"], 1),
