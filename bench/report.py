@@ -484,6 +484,7 @@ TABLES: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "ingest_fast_paths": ("ingest-fast-paths.json", ingest_table),
     "ingest_enrol_batches": ("ingest-enrol-batches.json", ingest_table),
     "ingest_k10000": ("ingest-k10000.json", ingest_table),
+    "ingest_k10000_enrol_batches": ("ingest-k10000-enrol-batches.json", ingest_table),
     "e2e": ("e2e.json", e2e_table),
     "peers": ("peers.json", peers_table),
     "peers_k1000": ("peers-k1000.json", peers_table),
