@@ -93,6 +93,7 @@ class Enrolment:
         Enrolments arriving together are committed together (group commit, as uploads are): one
         transaction, one lock of the federation, each enrolment still checked and answered on its
         own; nothing is answered before its batch committed."""
+        self.store.cached_spec(fid)  # no such federation: NotFound here, before a batcher is made for it
         client_token = new_token("fpc")
         pending = PendingEnrolment(
             token, client_token, name, num_samples, info, model_parameters, tls_fingerprint

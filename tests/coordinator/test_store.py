@@ -256,6 +256,13 @@ def test_a_batch_of_enrolments_is_one_transaction_each_enrolment_answered_on_its
     assert status["state"] == "running" and len(status["open_round"]["participants"]) == 3
 
 
+def test_an_enrolment_to_no_federation_is_refused_and_leaves_no_batcher_behind(service: Coordinator) -> None:
+    for fid in range(1000, 1050):  # what a stranger probing ids would send
+        with pytest.raises(NotFound):
+            service.enrolment.enroll(fid, "fpe_guess", name="x", num_samples=1, info={})
+    assert service.enrolment._enrolments._batchers == {}
+
+
 def test_concurrent_enrolments_never_pass_a_tokens_use_limit(service: Coordinator) -> None:
     fid, _ = _federation(service, min_clients=100)
     token, _ = service.enrolment.create_enrollment_token(fid, max_uses=12)
