@@ -50,6 +50,7 @@ ADMIN = "bench-admin-token-0123456789abcdef"
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 FULL_GRID = [(100, 0.1), (100, 1.0), (1000, 0.1), (1000, 1.0), (5000, 0.1), (5000, 1.0)]
 QUICK_GRID = [(100, 0.1), (100, 1.0), (1000, 1.0)]
+PROMPT_TOKENS = 20  # the load generator's prompt: 20 virtual tokens of the --hidden width
 DEFAULT_MAX_CONNECTIONS: int = Settings.model_fields["max_connections"].default  # FEDPROMPT_MAX_CONNECTIONS
 # FEDPROMPT_MAX_UPLOAD_BYTES_IN_FLIGHT
 DEFAULT_UPLOAD_BYTES_IN_FLIGHT: int = Settings.model_fields["max_upload_bytes_in_flight"].default
@@ -76,6 +77,8 @@ def _loadgen(url: str, out: Path, k: int, hidden: int, args: argparse.Namespace,
         str(k),
         "--rounds",
         str(args.rounds),
+        "--tokens",
+        str(PROMPT_TOKENS),
         "--hidden",
         str(hidden),
         "--train-s",
@@ -194,7 +197,7 @@ def run_coordinator(name: str, k: int, c: float, hidden: int, args: argparse.Nam
     max_connections = max(DEFAULT_MAX_CONNECTIONS, k + 1000)
     # and every selected worker may upload at once: past FEDPROMPT_MAX_UPLOAD_BYTES_IN_FLIGHT a
     # replica answers 429 (retried after Retry-After), so hold room for all of a round's uploads
-    in_flight = max(DEFAULT_UPLOAD_BYTES_IN_FLIGHT, math.ceil(k * c) * (20 * hidden * 4 + 4096))
+    in_flight = max(DEFAULT_UPLOAD_BYTES_IN_FLIGHT, math.ceil(k * c) * (PROMPT_TOKENS * hidden * 4 + 4096))
     env = {
         **env,
         "FEDPROMPT_MAX_CONNECTIONS": str(max_connections),
@@ -250,7 +253,7 @@ def run_coordinator(name: str, k: int, c: float, hidden: int, args: argparse.Nam
         "build": build or "this",
         "k": k,
         "c": c,
-        "prompt": [20, hidden],
+        "prompt": [PROMPT_TOKENS, hidden],
         **analysed,
         "replicas": replicas,
         "max_connections": max_connections,
@@ -305,7 +308,7 @@ def run_null(k: int, c: float, hidden: int, args: argparse.Namespace) -> dict[st
         "k": k,
         "c": c,
         "hidden": hidden,
-        "prompt": [20, hidden],
+        "prompt": [PROMPT_TOKENS, hidden],
         **analysed,
         "cpu_s": cpu,
         "cpu_ms_per_request": 1000 * cpu / max(analysed["requests"], 1),

@@ -88,10 +88,7 @@ def _proc_cpuinfo() -> str:
 
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo), so a timing can be read against the machine it ran on."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    for line in _proc_cpuinfo().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
     return platform.processor()
